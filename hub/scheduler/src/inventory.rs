@@ -1,0 +1,58 @@
+//! Inventory from the policy's declared `Cluster` capacity (planning and simulation).
+
+use axle_policy::Policy;
+
+use crate::types::{ClusterInventory, Inventory, NodeInventory};
+
+/// One `ClusterInventory` per `Cluster` document, nodes named `node-0`, `node-1`, …
+pub fn declared(policy: &Policy) -> Inventory {
+    let clusters = policy
+        .clusters
+        .values()
+        .map(|c| {
+            let mut nodes = Vec::new();
+            for g in &c.nodes {
+                for _ in 0..g.count {
+                    nodes.push(NodeInventory {
+                        name: format!("node-{}", nodes.len()),
+                        gpu_model: g.gpu_model.clone(),
+                        gpu_count: g.gpus_per_node as u32,
+                        gpu_memory_mb: g.gpu_memory_gb * 1024,
+                    });
+                }
+            }
+            ClusterInventory {
+                name: c.name.clone(),
+                region: c.region.clone(),
+                schedulable: true,
+                nodes,
+            }
+        })
+        .collect();
+    Inventory { clusters }
+}
+
+/// One cluster of `gpus` GPUs of `model` in nodes of `per_node` (the last node
+/// takes the remainder).
+pub fn uniform(name: &str, region: &str, model: &str, gpus: u64, per_node: u32) -> Inventory {
+    let mut nodes = Vec::new();
+    let mut left = gpus;
+    while left > 0 {
+        let n = left.min(u64::from(per_node));
+        nodes.push(NodeInventory {
+            name: format!("node-{}", nodes.len()),
+            gpu_model: model.to_string(),
+            gpu_count: n as u32,
+            gpu_memory_mb: 80 * 1024,
+        });
+        left -= n;
+    }
+    Inventory {
+        clusters: vec![ClusterInventory {
+            name: name.to_string(),
+            region: region.to_string(),
+            schedulable: true,
+            nodes,
+        }],
+    }
+}

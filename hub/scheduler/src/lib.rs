@@ -1,0 +1,20 @@
+//! Axle's pure scheduling core: quotas, fair share, placement, preemption,
+//! burst wishes and pending reasons, plus the trace simulator.
+//!
+//! Architecture invariant: this crate does no I/O and reads no clock. A cycle
+//! is a deterministic function of (`State`, `now_ms`, `CycleOptions`); the hub,
+//! the simulator and the benchmarks all call [`cycle`].
+
+pub mod cycle;
+pub mod error;
+pub mod inventory;
+pub mod sim;
+pub mod trace;
+pub mod state;
+pub mod types;
+pub mod validate;
+
+pub use cycle::{CycleOptions, cycle};
+pub use error::RequestError;
+pub use state::{ClassUsage, RunningWorkload, State, TeamUsage};
+pub use types::*;

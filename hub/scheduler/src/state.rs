@@ -1,0 +1,540 @@
+//! The scheduler's view of the world, kept incrementally: inventory, the
+//! running set with its GPU shards, per-team usage and the pending queues.
+//!
+//! The hub and the simulator mutate a `State` between cycles (submit, finish,
+//! apply decisions); a cycle only reads it. Every structure that a decision
+//! iterates is ordered (`BTreeMap`/`BTreeSet`/`Vec`), never hashed.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use axle_policy::{MILLI_PER_GPU, Milli, Policy};
+
+use crate::error::RequestError;
+use crate::types::{Allocation, Decisions, Inventory, WorkloadId, WorkloadSpec};
+
+/// Milli-GPUs free on one GPU; fits in u16 (≤ 1000).
+pub(crate) type GpuFree = u16;
+pub(crate) const FULL_GPU: GpuFree = MILLI_PER_GPU as GpuFree;
+
+#[derive(Debug, Clone)]
+pub(crate) struct TeamInfo {
+    pub name: String,
+    pub weight: f64,
+    /// Quota slots: (class name, guaranteed, limit).
+    pub slots: Vec<(String, Milli, Milli)>,
+    /// Slot index charged for each GPU model index; `None`: no quota.
+    pub charge: Vec<Option<u16>>,
+    pub burst_providers: Vec<String>,
+    pub burst_budget_usd_per_month: f64,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ClassInfo {
+    pub name: String,
+    pub value: i32,
+    /// Bit i set: class i may preempt this class.
+    pub preemptible_by: u64,
+    pub grace_period_s: u64,
+    pub idle_only: bool,
+    pub burst_allowed: bool,
+}
+
+impl ClassInfo {
+    pub fn is_preemptible(&self) -> bool {
+        self.preemptible_by != 0
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct NodeRec {
+    pub cluster: u32,
+    /// Index within its cluster.
+    pub local: u32,
+    pub model: u16,
+    pub first_gpu: u32,
+    pub gpu_count: u32,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterRec {
+    pub name: String,
+    pub region: String,
+    pub schedulable: bool,
+    /// Global node indices.
+    pub nodes: Vec<u32>,
+}
+
+/// A workload holding GPUs.
+#[derive(Debug, Clone)]
+pub struct RunningWorkload {
+    pub spec: Arc<WorkloadSpec>,
+    pub allocation: Allocation,
+    pub start_time_ms: u64,
+    pub(crate) team: u32,
+    pub(crate) class: u16,
+    /// The quota slot of its team it is charged to.
+    pub(crate) slot: u16,
+    /// (global gpu index, milli) for every shard.
+    pub(crate) gpus: Vec<(u32, GpuFree)>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct PendingRec {
+    pub spec: Arc<WorkloadSpec>,
+    pub team: u32,
+    pub class: u16,
+}
+
+/// Key of a pending queue: higher priority value first, then team index.
+pub(crate) type QueueKey = (Reverse<i32>, u16, u32);
+
+#[derive(Debug, Clone)]
+pub struct State {
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) teams: Vec<TeamInfo>,
+    pub(crate) team_index: BTreeMap<String, u32>,
+    pub(crate) classes: Vec<ClassInfo>,
+    pub(crate) class_index: BTreeMap<String, u16>,
+    pub(crate) models: Vec<String>,
+    pub(crate) model_index: BTreeMap<String, u16>,
+    pub(crate) clusters: Vec<ClusterRec>,
+    pub(crate) nodes: Vec<NodeRec>,
+    pub(crate) node_names: Vec<String>,
+    /// Free milli-GPUs per global GPU index.
+    pub(crate) gpu_free: Vec<GpuFree>,
+    /// Global node index of every global GPU index.
+    pub(crate) gpu_node: Vec<u32>,
+    /// Largest node size per model, for "can never fit" checks.
+    pub(crate) largest_node: Vec<u32>,
+    /// Workloads with a shard on each node.
+    pub(crate) node_running: Vec<BTreeSet<WorkloadId>>,
+    pub(crate) running: BTreeMap<WorkloadId, RunningWorkload>,
+    /// usage[team][slot]
+    pub(crate) usage: Vec<Vec<Milli>>,
+    pub(crate) running_per_class: Vec<u64>,
+    pub(crate) pending: BTreeMap<WorkloadId, PendingRec>,
+    /// (priority, class, team) → (submit time, id), in order.
+    pub(crate) queues: BTreeMap<QueueKey, BTreeSet<(u64, WorkloadId)>>,
+}
+
+impl State {
+    /// A state for `policy` over `inventory`, with nothing running or pending.
+    pub fn new(policy: Arc<Policy>, inventory: &Inventory) -> State {
+        let mut models: BTreeSet<String> = BTreeSet::new();
+        for c in &inventory.clusters {
+            for n in &c.nodes {
+                models.insert(n.gpu_model.clone());
+            }
+        }
+        let models: Vec<String> = models.into_iter().collect();
+        let model_index: BTreeMap<String, u16> = models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.clone(), i as u16))
+            .collect();
+
+        let mut teams = Vec::new();
+        let mut team_index = BTreeMap::new();
+        for (i, (name, t)) in policy.teams.iter().enumerate() {
+            let slots: Vec<(String, Milli, Milli)> = t
+                .quotas
+                .iter()
+                .map(|(k, q)| (k.clone(), q.guaranteed, q.limit))
+                .collect();
+            let charge = models
+                .iter()
+                .map(|m| {
+                    t.quota_class_for(m)
+                        .and_then(|c| slots.iter().position(|s| s.0 == c))
+                        .map(|p| p as u16)
+                })
+                .collect();
+            teams.push(TeamInfo {
+                name: name.clone(),
+                weight: t.weight,
+                slots,
+                charge,
+                burst_providers: t.burst.providers.clone(),
+                burst_budget_usd_per_month: t.burst.budget_usd_per_month,
+            });
+            team_index.insert(name.clone(), i as u32);
+        }
+
+        let class_index: BTreeMap<String, u16> = policy
+            .priority_classes
+            .keys()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i as u16))
+            .collect();
+        let classes: Vec<ClassInfo> = policy
+            .priority_classes
+            .values()
+            .map(|pc| ClassInfo {
+                name: pc.name.clone(),
+                value: pc.value,
+                preemptible_by: pc
+                    .preemptible_by
+                    .iter()
+                    .filter_map(|n| class_index.get(n))
+                    .fold(0u64, |acc, &i| acc | (1u64 << (i % 64))),
+                grace_period_s: pc.grace_period_s,
+                idle_only: pc.idle_only,
+                burst_allowed: pc.burst_allowed,
+            })
+            .collect();
+
+        let mut clusters = Vec::new();
+        let mut nodes = Vec::new();
+        let mut node_names = Vec::new();
+        let mut gpu_free = Vec::new();
+        let mut gpu_node = Vec::new();
+        let mut largest_node = vec![0u32; models.len()];
+        for (ci, c) in inventory.clusters.iter().enumerate() {
+            let mut rec = ClusterRec {
+                name: c.name.clone(),
+                region: c.region.clone(),
+                schedulable: c.schedulable,
+                nodes: Vec::new(),
+            };
+            for (li, n) in c.nodes.iter().enumerate() {
+                let model = model_index[&n.gpu_model];
+                rec.nodes.push(nodes.len() as u32);
+                nodes.push(NodeRec {
+                    cluster: ci as u32,
+                    local: li as u32,
+                    model,
+                    first_gpu: gpu_free.len() as u32,
+                    gpu_count: n.gpu_count,
+                });
+                node_names.push(n.name.clone());
+                gpu_node.extend(std::iter::repeat_n(
+                    (nodes.len() - 1) as u32,
+                    n.gpu_count as usize,
+                ));
+                gpu_free.extend(std::iter::repeat_n(FULL_GPU, n.gpu_count as usize));
+                if c.schedulable {
+                    let l = &mut largest_node[model as usize];
+                    *l = (*l).max(n.gpu_count);
+                }
+            }
+            clusters.push(rec);
+        }
+        let usage = teams.iter().map(|t| vec![Milli::ZERO; t.slots.len()]).collect();
+        let node_count = nodes.len();
+        let class_count = classes.len();
+        State {
+            policy,
+            teams,
+            team_index,
+            classes,
+            class_index,
+            models,
+            model_index,
+            clusters,
+            nodes,
+            node_names,
+            gpu_free,
+            gpu_node,
+            largest_node,
+            node_running: vec![BTreeSet::new(); node_count],
+            running: BTreeMap::new(),
+            usage,
+            running_per_class: vec![0; class_count],
+            pending: BTreeMap::new(),
+            queues: BTreeMap::new(),
+        }
+    }
+
+    /// The declared capacity of the policy's `Cluster` documents, as inventory.
+    pub fn declared_inventory(policy: &Policy) -> Inventory {
+        crate::inventory::declared(policy)
+    }
+
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.policy
+    }
+
+    /// Checks a request against policy and inventory without changing anything.
+    pub fn validate(&self, spec: &WorkloadSpec) -> Result<(), RequestError> {
+        crate::validate::validate(self, spec)
+    }
+
+    /// Queues a workload. Fails (changing nothing) on an invalid or impossible request
+    /// or a duplicate id.
+    pub fn submit(&mut self, spec: WorkloadSpec) -> Result<(), RequestError> {
+        self.validate(&spec)?;
+        if self.pending.contains_key(&spec.id) || self.running.contains_key(&spec.id) {
+            return Err(RequestError::DuplicateId(spec.id));
+        }
+        self.enqueue(Arc::new(spec));
+        Ok(())
+    }
+
+    fn enqueue(&mut self, spec: Arc<WorkloadSpec>) {
+        let team = self.team_index[&spec.team];
+        let class = self.class_index[&spec.priority_class];
+        let key = (Reverse(self.classes[class as usize].value), class, team);
+        self.queues
+            .entry(key)
+            .or_default()
+            .insert((spec.submit_time_ms, spec.id));
+        self.pending.insert(spec.id, PendingRec { spec, team, class });
+    }
+
+    fn dequeue(&mut self, id: WorkloadId) -> Option<PendingRec> {
+        let rec = self.pending.remove(&id)?;
+        let key = (
+            Reverse(self.classes[rec.class as usize].value),
+            rec.class,
+            rec.team,
+        );
+        if let Some(q) = self.queues.get_mut(&key) {
+            q.remove(&(rec.spec.submit_time_ms, id));
+            if q.is_empty() {
+                self.queues.remove(&key);
+            }
+        }
+        Some(rec)
+    }
+
+    /// Removes a workload wherever it is (finished, failed, cancelled) and frees
+    /// its GPUs. Returns whether it was known.
+    pub fn remove(&mut self, id: WorkloadId) -> bool {
+        if self.dequeue(id).is_some() {
+            return true;
+        }
+        self.release(id).is_some()
+    }
+
+    fn release(&mut self, id: WorkloadId) -> Option<RunningWorkload> {
+        let r = self.running.remove(&id)?;
+        for &(g, m) in &r.gpus {
+            self.gpu_free[g as usize] += m;
+        }
+        for s in r.allocation.shards() {
+            let node = self.clusters[r.allocation.cluster as usize].nodes[s.node as usize];
+            self.node_running[node as usize].remove(&id);
+        }
+        let u = &mut self.usage[r.team as usize][r.slot as usize];
+        *u = u.saturating_sub(r.spec.total_gpus());
+        self.running_per_class[r.class as usize] -= 1;
+        Some(r)
+    }
+
+    /// Records a workload as holding `allocation` from `start_time_ms` (a
+    /// placement being applied, or a running workload adopted after a restart).
+    /// Fails, changing nothing, when the GPUs are not free: no node is ever
+    /// over-committed.
+    pub fn start(
+        &mut self,
+        spec: Arc<WorkloadSpec>,
+        allocation: Allocation,
+        start_time_ms: u64,
+    ) -> Result<(), RequestError> {
+        self.validate(&spec)?;
+        let cluster = self
+            .clusters
+            .get(allocation.cluster as usize)
+            .ok_or(RequestError::BadAllocation("unknown cluster index"))?
+            .nodes
+            .clone();
+        if allocation.replicas.len() != spec.replicas as usize {
+            return Err(RequestError::BadAllocation("replica count differs from the spec"));
+        }
+        let mut gpus: Vec<(u32, GpuFree)> = Vec::new();
+        let mut model = None;
+        for replica in &allocation.replicas {
+            let total: u64 = replica.iter().map(|s| s.milli.0).sum();
+            if total != spec.gpus_per_replica.0 {
+                return Err(RequestError::BadAllocation(
+                    "shards of a replica do not add up to its GPUs",
+                ));
+            }
+            for s in replica {
+                let node = *cluster
+                    .get(s.node as usize)
+                    .ok_or(RequestError::BadAllocation("unknown node index"))?;
+                let n = &self.nodes[node as usize];
+                if s.gpu >= n.gpu_count || s.milli.0 == 0 || s.milli.0 > MILLI_PER_GPU {
+                    return Err(RequestError::BadAllocation("bad GPU index or share"));
+                }
+                if *model.get_or_insert(n.model) != n.model {
+                    return Err(RequestError::BadAllocation("mixed GPU models"));
+                }
+                let g = n.first_gpu + s.gpu;
+                match gpus.iter_mut().find(|(x, _)| *x == g) {
+                    Some(e) => e.1 += s.milli.0 as GpuFree,
+                    None => gpus.push((g, s.milli.0 as GpuFree)),
+                }
+            }
+        }
+        for &(g, m) in &gpus {
+            if self.gpu_free[g as usize] < m {
+                return Err(RequestError::BadAllocation("GPU already allocated"));
+            }
+        }
+        let model = model.ok_or(RequestError::BadAllocation("empty allocation"))?;
+        let team = self.team_index[&spec.team];
+        let slot = self.teams[team as usize].charge[model as usize]
+            .ok_or(RequestError::BadAllocation("team has no quota for this GPU model"))?;
+        let class = self.class_index[&spec.priority_class];
+        if self.running.contains_key(&spec.id) {
+            return Err(RequestError::DuplicateId(spec.id));
+        }
+        self.dequeue(spec.id);
+        for &(g, m) in &gpus {
+            self.gpu_free[g as usize] -= m;
+        }
+        for s in allocation.shards() {
+            let node = cluster[s.node as usize];
+            self.node_running[node as usize].insert(spec.id);
+        }
+        self.usage[team as usize][slot as usize] += spec.total_gpus();
+        self.running_per_class[class as usize] += 1;
+        self.running.insert(
+            spec.id,
+            RunningWorkload {
+                spec,
+                allocation,
+                start_time_ms,
+                team,
+                class,
+                slot,
+                gpus,
+            },
+        );
+        Ok(())
+    }
+
+    /// Applies a cycle's decisions: preempted workloads go back to the queue
+    /// with their original submit time, placed ones start holding their GPUs.
+    pub fn apply(&mut self, decisions: &Decisions, now_ms: u64) -> Result<(), RequestError> {
+        for p in &decisions.preemptions {
+            if let Some(r) = self.release(p.workload) {
+                self.enqueue(r.spec);
+            }
+        }
+        for p in &decisions.placements {
+            let spec = self
+                .pending
+                .get(&p.workload)
+                .map(|r| r.spec.clone())
+                .ok_or(RequestError::UnknownWorkload(p.workload))?;
+            self.start(spec, p.allocation.clone(), now_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Moves a running workload back to the queue (its spoke was lost).
+    pub fn requeue(&mut self, id: WorkloadId) -> bool {
+        match self.release(id) {
+            Some(r) => {
+                self.enqueue(r.spec);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn running(&self) -> impl Iterator<Item = &RunningWorkload> {
+        self.running.values()
+    }
+
+    pub fn running_workload(&self, id: WorkloadId) -> Option<&RunningWorkload> {
+        self.running.get(&id)
+    }
+
+    pub fn pending_spec(&self, id: WorkloadId) -> Option<&Arc<WorkloadSpec>> {
+        self.pending.get(&id).map(|r| &r.spec)
+    }
+
+    pub fn pending_specs(&self) -> impl Iterator<Item = &Arc<WorkloadSpec>> {
+        self.pending.values().map(|r| &r.spec)
+    }
+
+    pub fn cluster_name(&self, cluster: u32) -> &str {
+        &self.clusters[cluster as usize].name
+    }
+
+    pub fn node_name(&self, cluster: u32, node: u32) -> &str {
+        let g = self.clusters[cluster as usize].nodes[node as usize];
+        &self.node_names[g as usize]
+    }
+
+    pub fn gpu_model_of(&self, cluster: u32, node: u32) -> &str {
+        let g = self.clusters[cluster as usize].nodes[node as usize];
+        &self.models[self.nodes[g as usize].model as usize]
+    }
+
+    /// Total GPUs in schedulable clusters.
+    pub fn capacity(&self) -> Milli {
+        self.nodes
+            .iter()
+            .filter(|n| self.clusters[n.cluster as usize].schedulable)
+            .map(|n| Milli::gpus(u64::from(n.gpu_count)))
+            .sum()
+    }
+
+    /// GPUs allocated, in all clusters.
+    pub fn allocated(&self) -> Milli {
+        let total: u64 = self
+            .nodes
+            .iter()
+            .map(|n| u64::from(n.gpu_count) * MILLI_PER_GPU)
+            .sum();
+        let free: u64 = self.gpu_free.iter().map(|&f| u64::from(f)).sum();
+        Milli(total - free)
+    }
+
+    /// Allocated milli-GPUs on every GPU of a node, for invariant checks:
+    /// index i is GPU i of the node.
+    pub fn node_allocated(&self, cluster: u32, node: u32) -> Vec<Milli> {
+        let g = self.clusters[cluster as usize].nodes[node as usize];
+        let n = &self.nodes[g as usize];
+        (0..n.gpu_count)
+            .map(|i| Milli(u64::from(FULL_GPU - self.gpu_free[(n.first_gpu + i) as usize])))
+            .collect()
+    }
+
+    /// Usage of every team per quota class, with guarantee and limit.
+    pub fn team_usage(&self) -> Vec<TeamUsage> {
+        self.teams
+            .iter()
+            .enumerate()
+            .map(|(t, info)| TeamUsage {
+                team: info.name.clone(),
+                classes: info
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .map(|(s, (class, g, l))| ClassUsage {
+                        gpu_class: class.clone(),
+                        used: self.usage[t][s],
+                        guaranteed: *g,
+                        limit: *l,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TeamUsage {
+    pub team: String,
+    pub classes: Vec<ClassUsage>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ClassUsage {
+    pub gpu_class: String,
+    pub used: Milli,
+    pub guaranteed: Milli,
+    pub limit: Milli,
+}

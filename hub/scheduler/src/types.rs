@@ -1,0 +1,263 @@
+//! Inputs and outputs of a scheduling cycle: workload specs, inventory,
+//! placements, preemptions, burst wishes and pending reasons.
+
+use std::fmt;
+
+use axle_policy::Milli;
+use serde::{Deserialize, Serialize};
+
+/// Workload ids are assigned by the hub in submit order; the scheduler uses
+/// them as the last tie-breaker so ordering never depends on hashing.
+pub type WorkloadId = u64;
+
+/// What a workload asks for. Times are milliseconds on the caller's clock
+/// (wall clock in the hub, simulated clock in the simulator).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadSpec {
+    pub id: WorkloadId,
+    pub team: String,
+    pub priority_class: String,
+    /// GPUs of each replica: a fraction below one GPU (multiple of the
+    /// policy's granularity) or a whole number.
+    pub gpus_per_replica: Milli,
+    /// Gang size: replicas that start together in one cluster or not at all.
+    pub replicas: u32,
+    /// Required GPU model; `None` takes any model the team has quota for.
+    pub gpu_model: Option<String>,
+    /// Allowed regions; empty means any.
+    pub regions: Vec<String>,
+    /// May the GPUs of one replica span nodes (within one cluster).
+    pub allow_spread: bool,
+    /// May this workload overflow to a cloud provider.
+    pub burst_allowed: bool,
+    /// Original submit time; a preempted workload keeps it.
+    pub submit_time_ms: u64,
+}
+
+impl WorkloadSpec {
+    pub fn total_gpus(&self) -> Milli {
+        Milli(self.gpus_per_replica.0 * u64::from(self.replicas))
+    }
+}
+
+/// Live (or declared) GPU inventory of every cluster.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Inventory {
+    pub clusters: Vec<ClusterInventory>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterInventory {
+    pub name: String,
+    pub region: String,
+    /// A cluster that is not schedulable (spoke lost, draining) gets no new work.
+    pub schedulable: bool,
+    pub nodes: Vec<NodeInventory>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeInventory {
+    pub name: String,
+    pub gpu_model: String,
+    pub gpu_count: u32,
+    pub gpu_memory_mb: u64,
+}
+
+/// One slice of one GPU given to a workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Shard {
+    /// Node index within the cluster.
+    pub node: u32,
+    /// GPU index within the node (what `CUDA_VISIBLE_DEVICES` gets).
+    pub gpu: u32,
+    pub milli: Milli,
+}
+
+/// Where a workload runs: one cluster, and per replica its GPU shards.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub cluster: u32,
+    /// `replicas[r]` are the shards of replica `r`.
+    pub replicas: Vec<Vec<Shard>>,
+}
+
+impl Allocation {
+    pub fn shards(&self) -> impl Iterator<Item = &Shard> {
+        self.replicas.iter().flatten()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Placement {
+    pub workload: WorkloadId,
+    pub allocation: Allocation,
+    /// Workloads that must stop (see `Decisions::preemptions`) before this one
+    /// starts on the freed GPUs.
+    pub after_preempting: Vec<WorkloadId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Preemption {
+    pub workload: WorkloadId,
+    /// The workload that needs the GPUs.
+    pub for_workload: WorkloadId,
+    pub reason: PreemptReason,
+    pub grace_period_s: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PreemptReason {
+    /// A higher priority class that may preempt this one needs the GPUs.
+    Priority {
+        victim_class: String,
+        preemptor_class: String,
+    },
+    /// The preemptor's team is reclaiming its guarantee from a borrower.
+    QuotaReclaim {
+        victim_team: String,
+        preemptor_team: String,
+        gpu_class: String,
+        guaranteed: Milli,
+    },
+}
+
+impl fmt::Display for PreemptReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PreemptReason::Priority {
+                victim_class,
+                preemptor_class,
+            } => write!(
+                f,
+                "preempted by higher priority {preemptor_class} work ({victim_class} may be preempted by {preemptor_class})"
+            ),
+            PreemptReason::QuotaReclaim {
+                victim_team,
+                preemptor_team,
+                gpu_class,
+                guaranteed,
+            } => write!(
+                f,
+                "team {preemptor_team} reclaims its guarantee of {guaranteed} {gpu_class} lent to team {victim_team}, which runs above its own guarantee"
+            ),
+        }
+    }
+}
+
+/// A workload that waited past the burst threshold, may burst and whose team
+/// has budget headroom; the burst controller acts on it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BurstWanted {
+    pub workload: WorkloadId,
+    pub team: String,
+    pub gpus_per_replica: Milli,
+    pub replicas: u32,
+    pub gpu_model: Option<String>,
+    /// Burst providers allowed to this team, in policy order.
+    pub providers: Vec<String>,
+    pub waited_ms: u64,
+}
+
+/// Why a workload is still waiting, in words a person understands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PendingReason {
+    TeamAtLimit {
+        team: String,
+        gpu_class: String,
+        limit: Milli,
+        used: Milli,
+        requested: Milli,
+    },
+    NoQuotaForModel {
+        team: String,
+        gpu_model: String,
+    },
+    NoMatchingCluster {
+        gpu_model: Option<String>,
+        regions: Vec<String>,
+    },
+    /// No node (or, for a gang, no cluster) is big enough even when empty.
+    NeverFits {
+        need: String,
+        largest: String,
+    },
+    /// Capacity exists but is busy now.
+    NoFreeCapacity {
+        need: String,
+        largest_free: Milli,
+        largest_free_at: Option<String>,
+        idle_only: bool,
+    },
+    /// Left for the next cycle because this cycle's preemption budget is spent.
+    PreemptionDeferred,
+    /// Not evaluated in detail this cycle (the simulator's fast path).
+    NotEvaluated,
+}
+
+impl fmt::Display for PendingReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PendingReason::TeamAtLimit {
+                team,
+                gpu_class,
+                limit,
+                used,
+                requested,
+            } => write!(
+                f,
+                "team {team} is at its limit of {limit} {gpu_class} ({used} in use, this needs {requested} more)"
+            ),
+            PendingReason::NoQuotaForModel { team, gpu_model } => write!(
+                f,
+                "team {team} has no quota for {gpu_model} GPUs (no {gpu_model} or any entry in its quotas)"
+            ),
+            PendingReason::NoMatchingCluster { gpu_model, regions } => {
+                let model = gpu_model.as_deref().unwrap_or("GPU");
+                if regions.is_empty() {
+                    write!(f, "no schedulable cluster has {model} GPUs")
+                } else {
+                    write!(
+                        f,
+                        "no schedulable cluster in region {} has {model} GPUs",
+                        regions.join("|")
+                    )
+                }
+            }
+            PendingReason::NeverFits { need, largest } => {
+                write!(f, "needs {need}; the largest is {largest}, so this can never fit")
+            }
+            PendingReason::NoFreeCapacity {
+                need,
+                largest_free,
+                largest_free_at,
+                idle_only,
+            } => {
+                write!(f, "needs {need}; the largest free block is {largest_free}")?;
+                if let Some(at) = largest_free_at {
+                    write!(f, " ({at})")?;
+                }
+                if *idle_only {
+                    write!(f, "; this class runs only on idle capacity and never preempts")?;
+                }
+                Ok(())
+            }
+            PendingReason::PreemptionDeferred => write!(
+                f,
+                "needs GPUs held by preemptible work; preemption is deferred to the next cycle"
+            ),
+            PendingReason::NotEvaluated => write!(f, "queued; not evaluated in detail this cycle"),
+        }
+    }
+}
+
+/// Everything one cycle decided. Applying it is the caller's job.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Decisions {
+    pub placements: Vec<Placement>,
+    pub preemptions: Vec<Preemption>,
+    pub burst_wanted: Vec<BurstWanted>,
+    /// A reason for every workload left waiting (when the cycle explains).
+    pub pending: Vec<(WorkloadId, PendingReason)>,
+}

@@ -1,0 +1,117 @@
+//! Admission checks for a workload request: known team and class, a sane GPU
+//! amount, and a shape that some node or cluster could ever hold.
+
+use axle_policy::{MILLI_PER_GPU, Milli};
+
+use crate::error::RequestError;
+use crate::state::State;
+use crate::types::WorkloadSpec;
+
+/// Gangs larger than this are refused: the scheduler plans a gang replica by
+/// replica, and no cluster Axle targets has more GPUs than this.
+pub const MAX_GANG_REPLICAS: u32 = 4096;
+
+pub(crate) fn validate(state: &State, spec: &WorkloadSpec) -> Result<(), RequestError> {
+    let Some(&team) = state.team_index.get(&spec.team) else {
+        return Err(RequestError::UnknownTeam {
+            team: spec.team.clone(),
+            known: join(state.team_index.keys()),
+        });
+    };
+    if !state.class_index.contains_key(&spec.priority_class) {
+        return Err(RequestError::UnknownPriorityClass {
+            class: spec.priority_class.clone(),
+            known: join(state.class_index.keys()),
+        });
+    }
+    if spec.gpus_per_replica.0 == 0 {
+        return Err(RequestError::ZeroGpus);
+    }
+    if spec.replicas == 0 {
+        return Err(RequestError::ZeroReplicas);
+    }
+    if spec.replicas > MAX_GANG_REPLICAS {
+        return Err(RequestError::GangTooLarge {
+            replicas: spec.replicas,
+            max: MAX_GANG_REPLICAS,
+        });
+    }
+    let g = spec.gpus_per_replica;
+    let granularity = state.policy.settings.fraction_granularity;
+    if g.0 < MILLI_PER_GPU {
+        if granularity.0 == 0 || g.0 % granularity.0 != 0 {
+            return Err(RequestError::BadFraction {
+                got: g,
+                granularity,
+            });
+        }
+    } else if !g.is_whole() {
+        return Err(RequestError::NotWhole(g));
+    }
+    let team_info = &state.teams[team as usize];
+    // Models this request could use: the named one, or all.
+    let models: Vec<u16> = match &spec.gpu_model {
+        Some(m) => match state.model_index.get(m) {
+            Some(&i) => vec![i],
+            None => {
+                return Err(RequestError::UnknownGpuModel {
+                    model: m.clone(),
+                    known: join(state.models.iter()),
+                });
+            }
+        },
+        None => (0..state.models.len() as u16).collect(),
+    };
+    // Some model must have quota, a limit that admits the request, and nodes big enough.
+    let mut first_err = None;
+    for &m in &models {
+        let Some(slot) = team_info.charge[m as usize] else {
+            first_err.get_or_insert(RequestError::NoQuota {
+                team: spec.team.clone(),
+                model: state.models[m as usize].clone(),
+            });
+            continue;
+        };
+        let (class, _, limit) = &team_info.slots[slot as usize];
+        if spec.total_gpus() > *limit {
+            first_err.get_or_insert(RequestError::AboveLimit {
+                team: spec.team.clone(),
+                class: class.clone(),
+                requested: spec.total_gpus(),
+                limit: *limit,
+            });
+            continue;
+        }
+        let largest = state.largest_node[m as usize];
+        if !spec.allow_spread && g.whole_gpus() > u64::from(largest) {
+            first_err.get_or_insert(RequestError::NeverFitsNode {
+                requested: g,
+                model: state.models[m as usize].clone(),
+                largest,
+            });
+            continue;
+        }
+        return Ok(());
+    }
+    Err(first_err.unwrap_or(RequestError::UnknownGpuModel {
+        model: spec.gpu_model.clone().unwrap_or_else(|| "any".into()),
+        known: join(state.models.iter()),
+    }))
+}
+
+fn join<'a>(it: impl Iterator<Item = &'a String>) -> String {
+    let v: Vec<&str> = it.map(|s| s.as_str()).collect();
+    if v.is_empty() {
+        "(none)".to_string()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// Rounds a fractional request up to the policy granularity (simulator input).
+pub fn round_to_granularity(g: Milli, granularity: Milli) -> Milli {
+    if g.0 >= MILLI_PER_GPU || granularity.0 == 0 {
+        return Milli(g.0.div_ceil(MILLI_PER_GPU) * MILLI_PER_GPU);
+    }
+    Milli(g.0.div_ceil(granularity.0) * granularity.0)
+}

@@ -1,0 +1,17 @@
+//! Axle governance policy: YAML documents (`Team`, `PriorityClass`, `Cluster`,
+//! `BurstProvider`, `Settings`) loaded from a directory tree with precise
+//! `file:line:column` diagnostics, validated into the [`Policy`] model.
+//!
+//! Entry points: [`load_dir`], [`load_sources`], [`json_schema`].
+
+pub mod diag;
+pub mod file;
+mod load;
+pub mod model;
+mod schema;
+mod validate;
+
+pub use diag::{Diagnostic, Severity, count_summary};
+pub use load::{LoadFailure, Loaded, load_dir, load_sources};
+pub use model::*;
+pub use schema::json_schema;

@@ -1,0 +1,334 @@
+//! The validated policy model: what the scheduler, hub and simulator consume.
+//!
+//! These are domain types, not file types: every value here has already passed
+//! validation (see `load.rs`), names are resolved and quantities are exact
+//! fixed-point numbers. File types with source spans live in `file.rs`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The GPU class name that a team's quota may use to cover every model it has
+/// no model-specific quota for.
+pub const ANY_GPU_CLASS: &str = "any";
+
+/// GPU models Axle knows without configuration. `Settings.gpuClasses` adds more.
+pub const BUILTIN_GPU_CLASSES: &[&str] = &[
+    "B200", "H200", "H100", "GH200", "A100", "A10G", "A10", "A6000", "A40", "L40S", "L40", "L4",
+    "T4", "V100", "P100", "RTX4090", "RTX3090", "MI300X", "MI250",
+];
+
+/// Milli-GPUs in one whole GPU.
+pub const MILLI_PER_GPU: u64 = 1000;
+
+/// An amount of GPU in thousandths of a GPU. Exact arithmetic keeps the
+/// scheduler deterministic and free of float rounding: 0.25 GPU is `Milli(250)`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Milli(pub u64);
+
+impl Milli {
+    pub const ZERO: Milli = Milli(0);
+
+    pub const fn gpus(n: u64) -> Milli {
+        Milli(n * MILLI_PER_GPU)
+    }
+
+    /// Converts a non-negative, finite GPU amount with at most three decimals.
+    /// Returns `None` for negative, non-finite or finer-than-milli values.
+    pub fn from_gpus_f64(gpus: f64) -> Option<Milli> {
+        if !gpus.is_finite() || !(0.0..=1e12).contains(&gpus) {
+            return None;
+        }
+        let scaled = gpus * MILLI_PER_GPU as f64;
+        let rounded = scaled.round();
+        if (scaled - rounded).abs() > 1e-6 {
+            return None;
+        }
+        Some(Milli(rounded as u64))
+    }
+
+    pub fn as_gpus_f64(self) -> f64 {
+        self.0 as f64 / MILLI_PER_GPU as f64
+    }
+
+    pub fn is_whole(self) -> bool {
+        self.0.is_multiple_of(MILLI_PER_GPU)
+    }
+
+    pub fn whole_gpus(self) -> u64 {
+        self.0 / MILLI_PER_GPU
+    }
+
+    pub fn saturating_sub(self, other: Milli) -> Milli {
+        Milli(self.0.saturating_sub(other.0))
+    }
+}
+
+impl std::ops::Add for Milli {
+    type Output = Milli;
+    fn add(self, rhs: Milli) -> Milli {
+        Milli(self.0 + rhs.0)
+    }
+}
+
+impl std::ops::AddAssign for Milli {
+    fn add_assign(&mut self, rhs: Milli) {
+        self.0 += rhs.0;
+    }
+}
+
+impl std::ops::SubAssign for Milli {
+    fn sub_assign(&mut self, rhs: Milli) {
+        self.0 -= rhs.0;
+    }
+}
+
+impl std::iter::Sum for Milli {
+    fn sum<I: Iterator<Item = Milli>>(iter: I) -> Milli {
+        Milli(iter.map(|m| m.0).sum())
+    }
+}
+
+/// Prints GPUs the way people write them: `8`, `0.25`, `2.5`.
+impl fmt::Display for Milli {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let whole = self.0 / MILLI_PER_GPU;
+        let frac = self.0 % MILLI_PER_GPU;
+        if frac == 0 {
+            write!(f, "{whole}")
+        } else {
+            let s = format!("{frac:03}");
+            write!(f, "{whole}.{}", s.trim_end_matches('0'))
+        }
+    }
+}
+
+/// A validated policy revision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Policy {
+    /// Where this revision came from: a Git commit id, or a content hash of the
+    /// files for a plain directory.
+    pub revision: String,
+    pub teams: BTreeMap<String, Team>,
+    pub priority_classes: BTreeMap<String, PriorityClass>,
+    pub clusters: BTreeMap<String, Cluster>,
+    pub burst_providers: BTreeMap<String, BurstProvider>,
+    pub settings: Settings,
+}
+
+/// Guaranteed and limit GPUs of one team for one GPU class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quota {
+    /// Never taken away by other teams; reclaimed by preemption when lent out.
+    pub guaranteed: Milli,
+    /// The most the team may hold by borrowing idle capacity.
+    pub limit: Milli,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Team {
+    pub name: String,
+    /// Per GPU class (`H100`, `A100`, …, or `any`).
+    pub quotas: BTreeMap<String, Quota>,
+    /// Fair-share weight (> 0); a team with weight 2 is entitled to twice the
+    /// share of idle capacity of a team with weight 1.
+    pub weight: f64,
+    pub members: Vec<Member>,
+    pub burst: TeamBurst,
+}
+
+impl Team {
+    /// The quota class that a GPU of `model` is charged to for this team: the
+    /// model's own class if the team has one, else `any`, else none.
+    pub fn quota_class_for(&self, model: &str) -> Option<&str> {
+        if let Some((k, _)) = self.quotas.get_key_value(model) {
+            Some(k.as_str())
+        } else if let Some((k, _)) = self.quotas.get_key_value(ANY_GPU_CLASS) {
+            Some(k.as_str())
+        } else {
+            None
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Admin,
+    Member,
+    Viewer,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub user: String,
+    pub role: Role,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TeamBurst {
+    pub budget_usd_per_month: f64,
+    /// Names of `BurstProvider` documents this team may burst to.
+    pub providers: Vec<String>,
+    /// Regions the team's data may go to; empty means any region of the providers.
+    pub regions: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PriorityClass {
+    pub name: String,
+    /// Higher runs first.
+    pub value: i32,
+    /// Classes whose workloads may preempt this class. Empty means never
+    /// preempted, not even to reclaim a guarantee (production).
+    pub preemptible_by: Vec<String>,
+    /// SIGTERM → SIGKILL grace period when preempted.
+    pub grace_period_s: u64,
+    /// Runs only on capacity no other class wants (batch): never preempts, and
+    /// is never placed through preemption.
+    pub idle_only: bool,
+    /// May this class burst to cloud providers at all.
+    pub burst_allowed: bool,
+}
+
+impl PriorityClass {
+    pub fn is_preemptible(&self) -> bool {
+        !self.preemptible_by.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cluster {
+    pub name: String,
+    pub region: String,
+    pub business_unit: String,
+    pub labels: BTreeMap<String, String>,
+    /// Internal chargeback price.
+    pub price_usd_per_gpu_hour: f64,
+    /// Declared capacity for planning and simulation; live spoke inventory overrides it.
+    pub nodes: Vec<NodeGroup>,
+}
+
+impl Cluster {
+    /// Declared GPUs per model.
+    pub fn declared_gpus(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for g in &self.nodes {
+            *out.entry(g.gpu_model.clone()).or_insert(0) += g.count * g.gpus_per_node;
+        }
+        out
+    }
+}
+
+/// `count` identical nodes with `gpus_per_node` GPUs of one model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeGroup {
+    pub count: u64,
+    pub gpu_model: String,
+    pub gpus_per_node: u64,
+    pub gpu_memory_gb: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderType {
+    Aws,
+    Runpod,
+    Lambda,
+}
+
+impl fmt::Display for ProviderType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ProviderType::Aws => "aws",
+            ProviderType::Runpod => "runpod",
+            ProviderType::Lambda => "lambda",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BurstProvider {
+    pub name: String,
+    pub provider_type: ProviderType,
+    pub regions: Vec<String>,
+    /// Allowed instance types (AWS) or GPU types (RunPod, Lambda).
+    pub instance_types: Vec<String>,
+    pub gpu_models: Vec<String>,
+    pub max_instances: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    /// Fractional requests must be a multiple of this (default 0.25 GPU).
+    pub fraction_granularity: Milli,
+    /// A workload that may burst waits this long on-prem before a burst is wanted.
+    pub burst_wait_threshold_s: u64,
+    /// A spoke silent this long is lost and its workloads are re-queued.
+    pub spoke_lost_after_s: u64,
+    /// Priority class of a workload that names none.
+    pub default_priority_class: String,
+    /// Known GPU classes (built-ins plus `gpuClasses` from the file).
+    pub gpu_classes: Vec<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            fraction_granularity: Milli(250),
+            burst_wait_threshold_s: 300,
+            spoke_lost_after_s: 30,
+            default_priority_class: "development".to_string(),
+            gpu_classes: BUILTIN_GPU_CLASSES.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+/// The priority classes a policy gets when it defines none: production >
+/// training > development (notebooks) > batch (idle capacity only).
+pub fn default_priority_classes() -> BTreeMap<String, PriorityClass> {
+    let class =
+        |name: &str, value: i32, by: &[&str], idle_only: bool, burst_allowed: bool| PriorityClass {
+            name: name.to_string(),
+            value,
+            preemptible_by: by.iter().map(|s| s.to_string()).collect(),
+            grace_period_s: 30,
+            idle_only,
+            burst_allowed,
+        };
+    [
+        class("production", 1000, &[], false, true),
+        class("training", 100, &["production"], false, true),
+        class("development", 10, &["training", "production"], false, true),
+        class(
+            "batch",
+            0,
+            &["development", "training", "production"],
+            true,
+            false,
+        ),
+    ]
+    .into_iter()
+    .map(|c| (c.name.clone(), c))
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn milli_display_and_parse() {
+        assert_eq!(Milli(250).to_string(), "0.25");
+        assert_eq!(Milli(8000).to_string(), "8");
+        assert_eq!(Milli(2500).to_string(), "2.5");
+        assert_eq!(Milli::from_gpus_f64(0.25), Some(Milli(250)));
+        assert_eq!(Milli::from_gpus_f64(-1.0), None);
+        assert_eq!(Milli::from_gpus_f64(f64::NAN), None);
+        assert_eq!(Milli::from_gpus_f64(0.0001), None);
+    }
+}

@@ -1,0 +1,698 @@
+//! Semantic validation: checks every parsed document against the others
+//! (names, references, quantities, GPU classes, capacity) and builds the
+//! [`Policy`] model. All checks run; every problem is reported.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::file::{Loc, ProviderTypeSpec, RoleSpec};
+use crate::load::{Doc, Docs, Pos, Reporter};
+use crate::model::{
+    ANY_GPU_CLASS, BurstProvider, Cluster, MILLI_PER_GPU, Member, Milli, NodeGroup, Policy,
+    PriorityClass, ProviderType, Quota, Role, Settings, Team, TeamBurst, default_priority_classes,
+};
+
+/// A grace period longer than a day means a preempted workload effectively
+/// never yields, which defeats guarantees (design invariant 2).
+const MAX_GRACE_PERIOD_S: u64 = 86_400;
+/// Largest node groups seen in practice are a few thousand nodes; the bound
+/// keeps `count × gpusPerNode` sums far from overflow.
+const MAX_NODES_PER_GROUP: u64 = 1_000_000;
+/// The densest GPU servers hold 16 GPUs (or 64 MIG slices); 1024 leaves room
+/// while catching typos like a memory size in the GPU-count field.
+const MAX_GPUS_PER_NODE: u64 = 1024;
+
+pub(crate) fn validate(docs: Docs, rep: &mut Reporter<'_>, revision: String) -> Policy {
+    let (settings, default_class) = settings(&docs, rep);
+    let gpu_classes: BTreeSet<String> = settings.gpu_classes.iter().cloned().collect();
+    let priority_classes = priority_classes(&docs, rep);
+    check_default_class(&docs, rep, &settings, default_class, &priority_classes);
+    let burst_providers = burst_providers(&docs, rep, &gpu_classes);
+    let clusters = clusters(&docs, rep, &gpu_classes);
+    let (teams, quota_at) = teams(&docs, rep, &settings, &gpu_classes, &burst_providers);
+    check_overcommit(rep, &teams, &clusters, &quota_at);
+    Policy {
+        revision,
+        teams,
+        priority_classes,
+        clusters,
+        burst_providers,
+        settings,
+    }
+}
+
+/// GPUs from a file number: finite, non-negative, at most milli precision.
+fn gpus<S>(
+    rep: &mut Reporter<'_>,
+    doc: &Doc<S>,
+    loc: &Loc<f64>,
+    path: &str,
+    granularity: Milli,
+) -> Option<Milli> {
+    let v = loc.value;
+    let bad = |msg: String, hint: &str, rep: &mut Reporter<'_>| {
+        rep.error(doc.at(loc), doc.path(path), msg, hint);
+        None
+    };
+    if !v.is_finite() {
+        return bad(
+            format!("{path} must be a finite number, not {v}"),
+            "write a number of GPUs such as 8 or 0.5",
+            rep,
+        );
+    }
+    if v < 0.0 {
+        return bad(
+            format!("{path} must not be negative ({v})"),
+            "use 0 or a positive number of GPUs",
+            rep,
+        );
+    }
+    let Some(m) = Milli::from_gpus_f64(v) else {
+        return bad(
+            format!("{path} ({v}) is not a whole number of milli-GPUs or is too large"),
+            "use at most three decimals",
+            rep,
+        );
+    };
+    if granularity.0 > 0 && !m.0.is_multiple_of(granularity.0) {
+        return bad(
+            format!("{path} ({v}) is not a multiple of fractionGranularity ({granularity})"),
+            &format!(
+                "round to a multiple of {granularity} GPU or change Settings.fractionGranularity"
+            ),
+            rep,
+        );
+    }
+    Some(m)
+}
+
+/// A finite, non-negative amount of money.
+fn usd<S>(rep: &mut Reporter<'_>, doc: &Doc<S>, loc: &Loc<f64>, path: &str) -> f64 {
+    let v = loc.value;
+    if !v.is_finite() || v < 0.0 {
+        rep.error(
+            doc.at(loc),
+            doc.path(path),
+            format!("{path} must be a finite, non-negative amount, not {v}"),
+            "write a plain number of US dollars such as 5000 or 2.1",
+        );
+        0.0
+    } else {
+        v
+    }
+}
+
+fn check_gpu_class<S>(
+    rep: &mut Reporter<'_>,
+    doc: &Doc<S>,
+    loc: &Loc<String>,
+    path: &str,
+    known: &BTreeSet<String>,
+    allow_any: bool,
+) -> bool {
+    let name = &loc.value;
+    if known.contains(name) || (allow_any && name == ANY_GPU_CLASS) {
+        return true;
+    }
+    let near = known.iter().find(|k| k.eq_ignore_ascii_case(name));
+    let hint = match near {
+        Some(k) => format!("did you mean `{k}`? GPU classes are case-sensitive"),
+        None if allow_any => format!(
+            "use `{ANY_GPU_CLASS}`, a built-in model (H100, A100, …) or add it to Settings.gpuClasses"
+        ),
+        None => "use a built-in model (H100, A100, …) or add it to Settings.gpuClasses".to_string(),
+    };
+    rep.error(
+        doc.at(loc),
+        doc.path(path),
+        format!("unknown GPU class `{name}`"),
+        &hint,
+    );
+    false
+}
+
+fn settings(docs: &Docs, rep: &mut Reporter<'_>) -> (Settings, Option<(Pos, String)>) {
+    let mut settings = Settings::default();
+    let Some((first, rest)) = docs.settings.split_first() else {
+        return (settings, None);
+    };
+    for extra in rest {
+        let hint = format!(
+            "merge it into the Settings document at {}",
+            rep.describe(first.name_pos)
+        );
+        rep.error(
+            extra.name_pos,
+            extra.id(),
+            "more than one Settings document".to_string(),
+            &hint,
+        );
+    }
+    let s = &first.spec;
+    if let Some(g) = &s.fraction_granularity {
+        match Milli::from_gpus_f64(g.value) {
+            Some(m) if m.0 > 0 && m.0 <= MILLI_PER_GPU && MILLI_PER_GPU.is_multiple_of(m.0) => {
+                settings.fraction_granularity = m;
+            }
+            _ => rep.error(
+                first.at(g),
+                first.path("fractionGranularity"),
+                format!(
+                    "fractionGranularity ({}) must divide one GPU exactly",
+                    g.value
+                ),
+                "use 1, 0.5, 0.25, 0.2, 0.125 or 0.1 (a divisor of 1000 milli-GPUs)",
+            ),
+        }
+    }
+    if let Some(v) = &s.burst_wait_threshold_seconds {
+        settings.burst_wait_threshold_s = v.value;
+    }
+    if let Some(v) = &s.spoke_lost_after_seconds {
+        if v.value == 0 {
+            rep.error(
+                first.at(v),
+                first.path("spokeLostAfterSeconds"),
+                "spokeLostAfterSeconds must be at least 1".to_string(),
+                "a few heartbeat intervals, such as 30",
+            );
+        } else {
+            settings.spoke_lost_after_s = v.value;
+        }
+    }
+    let mut default_class = None;
+    if let Some(c) = &s.default_priority_class {
+        settings.default_priority_class = c.value.clone();
+        default_class = Some((first.at(c), first.path("defaultPriorityClass")));
+    }
+    for (i, c) in s.gpu_classes.iter().enumerate() {
+        let path = format!("gpuClasses[{i}]");
+        let name = c.value.trim();
+        if name.is_empty() || name != c.value || name == ANY_GPU_CLASS {
+            rep.error(
+                first.at(c),
+                first.path(&path),
+                format!("invalid GPU class name `{}`", c.value),
+                "a GPU model name such as `MI325X`; `any` is reserved",
+            );
+        } else if !settings.gpu_classes.iter().any(|k| k == name) {
+            settings.gpu_classes.push(name.to_string());
+        }
+    }
+    (settings, default_class)
+}
+
+fn priority_classes(docs: &Docs, rep: &mut Reporter<'_>) -> BTreeMap<String, PriorityClass> {
+    if docs.priority_classes.is_empty() {
+        return default_priority_classes();
+    }
+    let unique = &docs.priority_classes;
+    let values: BTreeMap<&str, i32> = unique
+        .iter()
+        .map(|d| (d.name.as_str(), d.spec.value.value))
+        .collect();
+    let mut out = BTreeMap::new();
+    for doc in unique {
+        let s = &doc.spec;
+        let mut seen = BTreeSet::new();
+        for (i, by) in s.preemptible_by.iter().enumerate() {
+            let path = format!("preemptibleBy[{i}]");
+            match values.get(by.value.as_str()) {
+                None => {
+                    let known: Vec<&str> = values.keys().copied().collect();
+                    rep.error(
+                        doc.at(by),
+                        doc.path(&path),
+                        format!("unknown priority class `{}`", by.value),
+                        &format!("defined classes: {}", known.join(", ")),
+                    );
+                }
+                Some(v) if *v <= s.value.value => rep.warning(
+                    doc.at(by),
+                    doc.path(&path),
+                    format!(
+                        "`{}` may be preempted by `{}` whose value ({v}) is not higher than its own ({})",
+                        doc.name, by.value, s.value.value
+                    ),
+                    "preemption by an equal or lower class can make workloads evict each other in turn",
+                ),
+                Some(_) => {}
+            }
+            if !seen.insert(by.value.as_str()) {
+                rep.error(
+                    doc.at(by),
+                    doc.path(&path),
+                    format!("`{}` is listed twice", by.value),
+                    "list each class once",
+                );
+            }
+        }
+        let mut grace_period_s = 30;
+        if let Some(g) = &s.grace_period_seconds {
+            if g.value > MAX_GRACE_PERIOD_S {
+                rep.error(
+                    doc.at(g),
+                    doc.path("gracePeriodSeconds"),
+                    format!(
+                        "gracePeriodSeconds ({}) exceeds {MAX_GRACE_PERIOD_S}",
+                        g.value
+                    ),
+                    "a preempted workload must yield within a day; checkpoint more often",
+                );
+            } else {
+                grace_period_s = g.value;
+            }
+        }
+        out.insert(
+            doc.name.clone(),
+            PriorityClass {
+                name: doc.name.clone(),
+                value: s.value.value,
+                preemptible_by: s.preemptible_by.iter().map(|b| b.value.clone()).collect(),
+                grace_period_s,
+                idle_only: s.idle_only.unwrap_or(false),
+                burst_allowed: s.burst_allowed.unwrap_or(true),
+            },
+        );
+    }
+    out
+}
+
+fn check_default_class(
+    docs: &Docs,
+    rep: &mut Reporter<'_>,
+    settings: &Settings,
+    at: Option<(Pos, String)>,
+    classes: &BTreeMap<String, PriorityClass>,
+) {
+    let name = &settings.default_priority_class;
+    if classes.contains_key(name) {
+        return;
+    }
+    let known: Vec<&str> = classes.keys().map(String::as_str).collect();
+    let (pos, path, hint) = match (at, docs.priority_classes.first()) {
+        (Some((pos, path)), _) => (
+            pos,
+            path,
+            format!("use one of the defined classes: {}", known.join(", ")),
+        ),
+        (None, Some(first)) => (
+            first.name_pos,
+            "Settings.defaultPriorityClass".to_string(),
+            format!(
+                "define a `{name}` PriorityClass or set Settings.defaultPriorityClass to one of: {}",
+                known.join(", ")
+            ),
+        ),
+        // No class documents means the built-ins, which include the default.
+        (None, None) => return,
+    };
+    rep.error(
+        pos,
+        path,
+        format!("default priority class `{name}` is not defined"),
+        &hint,
+    );
+}
+
+fn burst_providers(
+    docs: &Docs,
+    rep: &mut Reporter<'_>,
+    gpu_classes: &BTreeSet<String>,
+) -> BTreeMap<String, BurstProvider> {
+    let mut out = BTreeMap::new();
+    for doc in &docs.burst_providers {
+        let s = &doc.spec;
+        if s.regions.is_empty() {
+            rep.error(
+                doc.spec_pos,
+                doc.path("regions"),
+                "a burst provider needs at least one region".to_string(),
+                "list the provider regions this account may launch in",
+            );
+        }
+        for (i, r) in s.regions.iter().enumerate() {
+            if r.value.trim().is_empty() {
+                rep.error(
+                    doc.at(r),
+                    doc.path(&format!("regions[{i}]")),
+                    "empty region".to_string(),
+                    "write a region such as us-east-1",
+                );
+            }
+        }
+        for (i, m) in s.gpu_models.iter().enumerate() {
+            check_gpu_class(rep, doc, m, &format!("gpuModels[{i}]"), gpu_classes, false);
+        }
+        if s.max_instances.value == 0 {
+            rep.warning(
+                doc.at(&s.max_instances),
+                doc.path("maxInstances"),
+                "maxInstances is 0: this provider never launches anything".to_string(),
+                "raise maxInstances or remove the provider",
+            );
+        }
+        out.insert(
+            doc.name.clone(),
+            BurstProvider {
+                name: doc.name.clone(),
+                provider_type: match s.provider_type {
+                    ProviderTypeSpec::Aws => ProviderType::Aws,
+                    ProviderTypeSpec::Runpod => ProviderType::Runpod,
+                    ProviderTypeSpec::Lambda => ProviderType::Lambda,
+                },
+                regions: s.regions.iter().map(|r| r.value.clone()).collect(),
+                instance_types: s.instance_types.clone(),
+                gpu_models: s.gpu_models.iter().map(|m| m.value.clone()).collect(),
+                max_instances: s.max_instances.value,
+            },
+        );
+    }
+    out
+}
+
+fn clusters(
+    docs: &Docs,
+    rep: &mut Reporter<'_>,
+    gpu_classes: &BTreeSet<String>,
+) -> BTreeMap<String, Cluster> {
+    let mut out = BTreeMap::new();
+    for doc in &docs.clusters {
+        let s = &doc.spec;
+        if s.region.value.trim().is_empty() {
+            rep.error(
+                doc.at(&s.region),
+                doc.path("region"),
+                "empty region".to_string(),
+                "write the cluster's region, such as eu-west",
+            );
+        }
+        let price = s
+            .price_usd_per_gpu_hour
+            .as_ref()
+            .map_or(0.0, |p| usd(rep, doc, p, "priceUsdPerGpuHour"));
+        let mut nodes = Vec::new();
+        for (i, g) in s.nodes.iter().enumerate() {
+            let at = |f: &str| format!("nodes[{i}].{f}");
+            if g.count.value == 0 || g.count.value > MAX_NODES_PER_GROUP {
+                rep.error(
+                    doc.at(&g.count),
+                    doc.path(&at("count")),
+                    format!(
+                        "count must be between 1 and {MAX_NODES_PER_GROUP}, not {}",
+                        g.count.value
+                    ),
+                    "remove the node group or give its number of nodes",
+                );
+            }
+            if g.gpus_per_node.value == 0 || g.gpus_per_node.value > MAX_GPUS_PER_NODE {
+                rep.error(
+                    doc.at(&g.gpus_per_node),
+                    doc.path(&at("gpusPerNode")),
+                    format!(
+                        "gpusPerNode must be between 1 and {MAX_GPUS_PER_NODE}, not {}",
+                        g.gpus_per_node.value
+                    ),
+                    "nodes without GPUs are not scheduled on; typical values are 4 or 8",
+                );
+            }
+            check_gpu_class(rep, doc, &g.gpu_model, &at("gpuModel"), gpu_classes, false);
+            nodes.push(NodeGroup {
+                count: g.count.value.min(MAX_NODES_PER_GROUP),
+                gpu_model: g.gpu_model.value.clone(),
+                gpus_per_node: g.gpus_per_node.value.min(MAX_GPUS_PER_NODE),
+                gpu_memory_gb: g.gpu_memory_gb.unwrap_or(0),
+            });
+        }
+        out.insert(
+            doc.name.clone(),
+            Cluster {
+                name: doc.name.clone(),
+                region: s.region.value.clone(),
+                business_unit: s.business_unit.clone().unwrap_or_default(),
+                labels: s.labels.clone(),
+                price_usd_per_gpu_hour: price,
+                nodes,
+            },
+        );
+    }
+    out
+}
+
+/// Where each (team, GPU class) quota was written, for capacity warnings.
+type QuotaAt = BTreeMap<(String, String), (Pos, String)>;
+
+fn teams(
+    docs: &Docs,
+    rep: &mut Reporter<'_>,
+    settings: &Settings,
+    gpu_classes: &BTreeSet<String>,
+    providers: &BTreeMap<String, BurstProvider>,
+) -> (BTreeMap<String, Team>, QuotaAt) {
+    let mut out = BTreeMap::new();
+    let mut quota_at = QuotaAt::new();
+    let granularity = settings.fraction_granularity;
+    for doc in &docs.teams {
+        let s = &doc.spec;
+        let mut quotas = BTreeMap::new();
+        for (key, q) in &s.quotas.0 {
+            let class = &key.value;
+            let base = format!("quotas.{class}");
+            check_gpu_class(rep, doc, key, &base, gpu_classes, true);
+            let g_path = format!("{base}.guaranteed");
+            let l_path = format!("{base}.limit");
+            let guaranteed = match &q.guaranteed {
+                Some(g) => gpus(rep, doc, g, &g_path, granularity),
+                None => Some(Milli::ZERO),
+            };
+            let limit = match &q.limit {
+                Some(l) => gpus(rep, doc, l, &l_path, granularity),
+                None => guaranteed,
+            };
+            let (Some(guaranteed), Some(limit)) = (guaranteed, limit) else {
+                continue;
+            };
+            if guaranteed > limit {
+                let pos = q.guaranteed.as_ref().map_or(doc.at(key), |g| doc.at(g));
+                rep.error(
+                    pos,
+                    doc.path(&g_path),
+                    format!("guaranteed ({guaranteed}) exceeds limit ({limit})"),
+                    "raise limit or lower guaranteed",
+                );
+            }
+            quota_at.insert(
+                (doc.name.clone(), class.clone()),
+                (
+                    q.guaranteed.as_ref().map_or(doc.at(key), |g| doc.at(g)),
+                    doc.path(&g_path),
+                ),
+            );
+            quotas.insert(class.clone(), Quota { guaranteed, limit });
+        }
+
+        let mut weight = 1.0;
+        if let Some(w) = &s.weight {
+            if w.value.is_finite() && w.value > 0.0 {
+                weight = w.value;
+            } else {
+                rep.error(
+                    doc.at(w),
+                    doc.path("weight"),
+                    format!("weight must be a finite number above 0, not {}", w.value),
+                    "use 1 for an ordinary share, 2 for twice the share",
+                );
+            }
+        }
+
+        let mut members = Vec::new();
+        let mut users: BTreeMap<&str, Pos> = BTreeMap::new();
+        for (i, m) in s.members.iter().enumerate() {
+            let path = format!("members[{i}].user");
+            if m.user.value.trim().is_empty() {
+                rep.error(
+                    doc.at(&m.user),
+                    doc.path(&path),
+                    "empty user name".to_string(),
+                    "write the user's login",
+                );
+            } else if let Some(first) = users.get(m.user.value.as_str()) {
+                let hint = format!(
+                    "first listed at {}; give each user one role",
+                    rep.describe(*first)
+                );
+                rep.error(
+                    doc.at(&m.user),
+                    doc.path(&path),
+                    format!("user `{}` is listed twice", m.user.value),
+                    &hint,
+                );
+            } else {
+                users.insert(&m.user.value, doc.at(&m.user));
+            }
+            members.push(Member {
+                user: m.user.value.clone(),
+                role: match m.role.unwrap_or(RoleSpec::Member) {
+                    RoleSpec::Admin => Role::Admin,
+                    RoleSpec::Member => Role::Member,
+                    RoleSpec::Viewer => Role::Viewer,
+                },
+            });
+        }
+
+        let burst = s
+            .burst
+            .as_ref()
+            .map(|b| team_burst(rep, doc, b, providers))
+            .unwrap_or_default();
+
+        out.insert(
+            doc.name.clone(),
+            Team {
+                name: doc.name.clone(),
+                quotas,
+                weight,
+                members,
+                burst,
+            },
+        );
+    }
+    (out, quota_at)
+}
+
+fn team_burst(
+    rep: &mut Reporter<'_>,
+    doc: &Doc<crate::file::TeamSpec>,
+    b: &crate::file::TeamBurstSpec,
+    providers: &BTreeMap<String, BurstProvider>,
+) -> TeamBurst {
+    let budget = b
+        .budget_usd_per_month
+        .as_ref()
+        .map_or(0.0, |v| usd(rep, doc, v, "burst.budgetUsdPerMonth"));
+    let mut allowed = Vec::new();
+    for (i, p) in b.providers.iter().enumerate() {
+        match providers.get(&p.value) {
+            Some(provider) => allowed.push(provider),
+            None => {
+                let known: Vec<&str> = providers.keys().map(String::as_str).collect();
+                let hint = if known.is_empty() {
+                    "no BurstProvider documents are defined".to_string()
+                } else {
+                    format!("defined burst providers: {}", known.join(", "))
+                };
+                rep.error(
+                    doc.at(p),
+                    doc.path(&format!("burst.providers[{i}]")),
+                    format!("unknown burst provider `{}`", p.value),
+                    &hint,
+                );
+            }
+        }
+    }
+    if let Some(v) = &b.budget_usd_per_month
+        && budget > 0.0
+        && b.providers.is_empty()
+    {
+        rep.warning(
+            doc.at(v),
+            doc.path("burst.budgetUsdPerMonth"),
+            "burst budget set but no providers listed: the team can never burst".to_string(),
+            "list providers under burst.providers",
+        );
+    }
+    // Only judge regions against the providers that resolved; a dangling
+    // provider is already an error.
+    if allowed.len() == b.providers.len() {
+        for (i, r) in b.regions.iter().enumerate() {
+            if !allowed.iter().any(|p| p.regions.contains(&r.value)) {
+                let served: Vec<String> = allowed
+                    .iter()
+                    .map(|p| format!("{}: {}", p.name, p.regions.join(", ")))
+                    .collect();
+                let hint = if served.is_empty() {
+                    "list providers under burst.providers".to_string()
+                } else {
+                    format!("the team's providers serve {}", served.join("; "))
+                };
+                rep.warning(
+                    doc.at(r),
+                    doc.path(&format!("burst.regions[{i}]")),
+                    format!(
+                        "region `{}` is not served by any of the team's burst providers",
+                        r.value
+                    ),
+                    &hint,
+                );
+            }
+        }
+    }
+    TeamBurst {
+        budget_usd_per_month: budget,
+        providers: b.providers.iter().map(|p| p.value.clone()).collect(),
+        regions: b.regions.iter().map(|r| r.value.clone()).collect(),
+    }
+}
+
+/// Warns where teams' guarantees for a GPU class add up to more than the
+/// clusters declare: those guarantees cannot all be honoured at once. Skipped
+/// when no Cluster is declared (capacity then comes from live spokes only).
+fn check_overcommit(
+    rep: &mut Reporter<'_>,
+    teams: &BTreeMap<String, Team>,
+    clusters: &BTreeMap<String, Cluster>,
+    quota_at: &QuotaAt,
+) {
+    if clusters.is_empty() {
+        return;
+    }
+    let mut capacity: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut total: u64 = 0;
+    for c in clusters.values() {
+        for g in &c.nodes {
+            let n = g.count.saturating_mul(g.gpus_per_node);
+            let e = capacity.entry(g.gpu_model.as_str()).or_insert(0);
+            *e = e.saturating_add(n);
+            total = total.saturating_add(n);
+        }
+    }
+    let classes: BTreeSet<&str> = teams
+        .values()
+        .flat_map(|t| t.quotas.keys().map(String::as_str))
+        .collect();
+    for class in classes {
+        let cap_gpus = if class == ANY_GPU_CLASS {
+            total
+        } else {
+            capacity.get(class).copied().unwrap_or(0)
+        };
+        let cap = Milli(cap_gpus.saturating_mul(MILLI_PER_GPU));
+        let mut sum = Milli::ZERO;
+        let mut crossing: Option<&str> = None;
+        for team in teams.values() {
+            if let Some(q) = team.quotas.get(class) {
+                sum = Milli(sum.0.saturating_add(q.guaranteed.0));
+                if sum > cap && crossing.is_none() {
+                    crossing = Some(&team.name);
+                }
+            }
+        }
+        let Some(team) = crossing else { continue };
+        let Some((pos, path)) = quota_at.get(&(team.to_string(), class.to_string())) else {
+            continue;
+        };
+        let what = if class == ANY_GPU_CLASS {
+            "GPUs of all models".to_string()
+        } else {
+            format!("{class} GPUs")
+        };
+        rep.warning(
+            *pos,
+            path.clone(),
+            format!(
+                "guarantees for `{class}` are over-committed: teams guarantee {sum} in total but the clusters declare {cap} {what}"
+            ),
+            "lower guarantees or declare more capacity; guarantees above capacity cannot all be honoured at once",
+        );
+    }
+}
