@@ -1,15 +1,42 @@
 //! `axle`: the command line for data scientists and platform teams.
+//!
+//! Offline commands (`policy`, `simulate`) run the policy and scheduler
+//! crates directly; hub commands (`submit`, `get`, `describe`, `cancel`,
+//! `logs`, `bench`) talk to the hub's HTTP API (`--hub`, `$AXLE_HUB`).
+//!
+//! Exit codes scripts can rely on (see [`exit`]):
+//! 0 success; 1 the hub refused the request (4xx) or a workload/bench failed;
+//! 2 usage error; 3 cannot reach the hub or the hub failed (5xx).
 
+mod args;
+mod bench_cmd;
+mod client;
+mod describe;
+mod exit;
+mod get_cmd;
 mod policy_cmd;
 mod simulate_cmd;
+mod table;
+mod workload_cmd;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Where `axle` looks for the hub when neither `--hub` nor `$AXLE_HUB` is set.
+const DEFAULT_HUB: &str = "http://127.0.0.1:7070";
+
 #[derive(Parser)]
-#[command(name = "axle", version, about = "Axle: self-service GPUs across clusters and clouds")]
+#[command(
+    name = "axle",
+    version,
+    about = "Axle: self-service GPUs across clusters and clouds",
+    after_help = exit::HELP
+)]
 struct Cli {
+    /// Hub URL for commands that talk to the hub.
+    #[arg(long, global = true, env = "AXLE_HUB", default_value = DEFAULT_HUB)]
+    hub: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -21,19 +48,182 @@ enum Command {
     Policy(policy_cmd::PolicyCommand),
     /// Replay a GPU job trace through the scheduler on a simulated clock.
     Simulate(simulate_cmd::SimulateArgs),
+    /// Submit a workload: `axle submit --team T --gpus 0.5 -- python train.py`.
+    Submit(workload_cmd::SubmitArgs),
+    /// List workloads, clusters or teams.
+    Get(get_cmd::GetArgs),
+    /// Show one object in detail.
+    #[command(subcommand)]
+    Describe(workload_cmd::DescribeCommand),
+    /// Cancel a workload.
+    Cancel(workload_cmd::CancelArgs),
+    /// Print a workload's output.
+    Logs(workload_cmd::LogsArgs),
+    /// Load generators against a running hub.
+    #[command(subcommand)]
+    Bench(bench_cmd::BenchCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Policy(cmd) => policy_cmd::run(cmd),
-        Command::Simulate(args) => simulate_cmd::run(args),
-    };
+    match cli.command {
+        Command::Policy(cmd) => offline(policy_cmd::run(cmd)),
+        Command::Simulate(args) => offline(simulate_cmd::run(args)),
+        command => {
+            // reqwest is built with `rustls-no-provider`: install one before
+            // any client exists, or building it panics.
+            client::install_crypto_provider();
+            match run_hub_command(&cli.hub, command) {
+                Ok(code) => code,
+                Err(e) => {
+                    let (code, lines) = exit::classify(&e);
+                    for line in lines {
+                        eprintln!("{line}");
+                    }
+                    ExitCode::from(code)
+                }
+            }
+        }
+    }
+}
+
+/// Errors of the offline commands keep their historical exit code 2.
+fn offline(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(2)
+            ExitCode::from(exit::USAGE)
         }
+    }
+}
+
+fn run_hub_command(hub: &str, command: Command) -> anyhow::Result<ExitCode> {
+    let client = client::Client::new(hub).map_err(|e| exit::UsageError(format!("{e:#}")))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        match command {
+            Command::Submit(a) => workload_cmd::submit(&client, a).await,
+            Command::Get(a) => get_cmd::run(&client, a).await,
+            Command::Describe(c) => workload_cmd::describe(&client, c).await,
+            Command::Cancel(a) => workload_cmd::cancel(&client, a).await,
+            Command::Logs(a) => workload_cmd::logs(&client, a).await,
+            Command::Bench(c) => bench_cmd::run(&client, c).await,
+            Command::Policy(_) | Command::Simulate(_) => {
+                unreachable!("offline commands are dispatched in main")
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_documents_exit_codes() {
+        let help = Cli::command().render_long_help().to_string();
+        for line in ["0  success", "2  usage error", "3  cannot reach the hub"] {
+            assert!(help.contains(line), "{line:?} missing from --help");
+        }
+    }
+
+    #[test]
+    fn bad_ids_are_usage_errors() {
+        let err = Cli::try_parse_from(["axle", "describe", "workload", "abc"])
+            .err()
+            .expect("abc is not an id");
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("workload id must be a number"));
+    }
+
+    #[test]
+    fn submit_takes_the_command_after_dashes() {
+        let cli = Cli::try_parse_from([
+            "axle",
+            "submit",
+            "--team",
+            "vision",
+            "--gpus",
+            "0.25",
+            "--env",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--max-runtime",
+            "1h30m",
+            "--region",
+            "us",
+            "--region",
+            "eu",
+            "--",
+            "python",
+            "train.py",
+            "--epochs",
+            "3",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Command::Submit(_) = cli.command else {
+            panic!("not submit")
+        };
+        assert!(
+            Cli::try_parse_from(["axle", "submit", "--team", "t", "--gpus", "1"]).is_err(),
+            "a command is required"
+        );
+        let bad = Cli::try_parse_from([
+            "axle",
+            "submit",
+            "--team",
+            "t",
+            "--gpus",
+            "1",
+            "--max-runtime",
+            "soon",
+            "--",
+            "x",
+        ]);
+        assert_eq!(bad.err().map(|e| e.exit_code()), Some(2));
+    }
+
+    #[test]
+    fn get_and_bench_parse() {
+        for argv in [
+            &[
+                "axle",
+                "get",
+                "workloads",
+                "-o",
+                "yaml",
+                "--state",
+                "running",
+            ][..],
+            &["axle", "get", "wl", "-w", "--team", "vision"],
+            &["axle", "get", "clusters", "-o", "json"],
+            &["axle", "get", "teams"],
+            &["axle", "--hub", "http://h:1", "logs", "3", "-f"],
+            &["axle", "cancel", "9"],
+            &[
+                "axle", "bench", "submit", "--jobs", "100", "--gpus", "0.25", "--", "true",
+            ],
+        ] {
+            if let Err(e) = Cli::try_parse_from(argv) {
+                panic!("{argv:?}: {e}");
+            }
+        }
+        assert!(Cli::try_parse_from(["axle", "get", "nodes"]).is_err());
+        assert!(
+            Cli::try_parse_from([
+                "axle", "bench", "submit", "--jobs", "0", "--gpus", "1", "--", "true"
+            ])
+            .is_err()
+        );
     }
 }

@@ -58,7 +58,10 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         Ok(l) => l,
         Err(failure) => {
             eprintln!("{failure}");
-            bail!("policy {} has errors; fix them first (axle policy check)", args.policy.display());
+            bail!(
+                "policy {} has errors; fix them first (axle policy check)",
+                args.policy.display()
+            );
         }
     };
     let content = std::fs::read_to_string(&args.trace)
@@ -71,7 +74,12 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             if !policy.priority_classes.contains_key(p) {
                 bail!(
                     "unknown priority class {p:?}; the policy has: {}",
-                    policy.priority_classes.keys().cloned().collect::<Vec<_>>().join(", ")
+                    policy
+                        .priority_classes
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 );
             }
             p.clone()
@@ -174,9 +182,15 @@ fn print_text(reports: &[(SimReport, f64)], policy: &Policy) {
     row("jobs_rejected", &|r| r.jobs_rejected.to_string());
     row("jobs_finished", &|r| r.jobs_finished.to_string());
     row("gpu_utilization", &|r| format!("{:.3}", r.gpu_utilization));
-    row("queue_delay_s.mean", &|r| format!("{:.0}", r.queue_delay_s.mean));
-    row("queue_delay_s.p95", &|r| format!("{:.0}", r.queue_delay_s.p95));
-    row("idle_while_waiting_gpu_hours", &|r| format!("{:.0}", r.idle_while_waiting_gpu_hours));
+    row("queue_delay_s.mean", &|r| {
+        format!("{:.0}", r.queue_delay_s.mean)
+    });
+    row("queue_delay_s.p95", &|r| {
+        format!("{:.0}", r.queue_delay_s.p95)
+    });
+    row("idle_while_waiting_gpu_hours", &|r| {
+        format!("{:.0}", r.idle_while_waiting_gpu_hours)
+    });
     row("preemptions", &|r| r.preemptions.to_string());
     row("makespan_s", &|r| r.makespan_s.to_string());
     row("cycles", &|r| r.cycles.to_string());
@@ -191,7 +205,10 @@ fn print_text(reports: &[(SimReport, f64)], policy: &Policy) {
     for (r, _) in reports {
         println!();
         println!("per priority class ({})", name(r.mode));
-        println!("  {:<16}{:>10}{:>14}{:>14}", "class", "jobs", "delay mean s", "delay p95 s");
+        println!(
+            "  {:<16}{:>10}{:>14}{:>14}",
+            "class", "jobs", "delay mean s", "delay p95 s"
+        );
         for (c, d) in &r.per_priority_class {
             println!("  {c:<16}{:>10}{:>14.0}{:>14.0}", d.jobs, d.mean, d.p95);
         }

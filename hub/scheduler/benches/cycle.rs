@@ -149,8 +149,13 @@ fn must_preempt() -> State {
         }
     }
     for i in 0..256u64 {
-        s.submit(spec(id + i, (i as usize * 13) % TEAMS, "training", Milli::gpus(1)))
-            .expect("valid");
+        s.submit(spec(
+            id + i,
+            (i as usize * 13) % TEAMS,
+            "training",
+            Milli::gpus(1),
+        ))
+        .expect("valid");
     }
     s
 }

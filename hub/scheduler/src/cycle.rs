@@ -33,6 +33,13 @@ pub const MAX_PREEMPTION_SEARCHES_PER_CYCLE: usize = 256;
 /// fractional notebooks would be a sign of a bad request, not a plan.
 pub const MAX_VICTIMS_PER_PREEMPTION: usize = 512;
 
+/// Extra victim searches in one scope when a reclaim was refused because the
+/// victim's team would fall below its guarantee: each retry puts one refused
+/// victim first. Each retry is one more pass over the scope's candidates, and
+/// only scopes that found no victim set retry, so 8 keeps a scope within 9
+/// passes.
+pub const MAX_RECLAIM_RETRIES: usize = 8;
+
 #[derive(Debug, Clone)]
 pub struct CycleOptions {
     /// Give every waiting workload a reason (the hub). The simulator turns it
@@ -55,15 +62,18 @@ impl Default for CycleOptions {
     }
 }
 
+/// One team's queue within a priority level.
+type LevelQueue<'a> = (&'a QueueKey, &'a BTreeSet<(u64, WorkloadId)>);
+
 /// Runs one cycle over `state` at time `now_ms`.
 pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
-    let mut w = Work::new(state);
+    let mut w = Work::new(state, opts.explain);
     let mut out = Decisions::default();
-    let mut failed: BTreeMap<ShapeKey, PendingReason> = BTreeMap::new();
+    let mut failed: BTreeMap<ShapeKey<'_>, PendingReason> = BTreeMap::new();
     let mut searches_left = opts.max_preemption_searches;
 
     // Group queues into levels of equal (priority value, class).
-    let mut levels: Vec<(u16, Vec<(&QueueKey, &BTreeSet<(u64, WorkloadId)>)>)> = Vec::new();
+    let mut levels: Vec<(u16, Vec<LevelQueue<'_>>)> = Vec::new();
     for (key, q) in &state.queues {
         let class = key.1;
         match levels.last_mut() {
@@ -74,7 +84,10 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
 
     for (class, queues) in levels {
         let class_info = &state.classes[class as usize];
-        let mut iters: Vec<_> = queues.iter().map(|(k, q)| (k.2, q.iter().peekable())).collect();
+        let mut iters: Vec<_> = queues
+            .iter()
+            .map(|(k, q)| (k.2, q.iter().peekable()))
+            .collect();
         let mut order: BTreeSet<TeamKey> = BTreeSet::new();
         for (i, (team, it)) in iters.iter_mut().enumerate() {
             if let Some(&&(submit, id)) = it.peek() {
@@ -105,9 +118,20 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                 &mut out,
             );
             if let Err(reason) = result {
-                maybe_burst(state, opts, spec, team, class_info.burst_allowed, now_ms, &mut out);
+                maybe_burst(
+                    state,
+                    opts,
+                    spec,
+                    team,
+                    class_info.burst_allowed,
+                    now_ms,
+                    &mut out,
+                );
                 if opts.explain {
                     out.pending.push((id, reason));
+                } else if w.queue_exhausted(queues[i].0, team, class, &failed) {
+                    // Every shape left in this queue is known not to fit.
+                    continue;
                 }
             }
             if let Some(&&(submit, next)) = iters[i].1.peek() {
@@ -177,15 +201,30 @@ type TeamKey = (bool, Share, u64, WorkloadId, u32, usize);
 /// What makes two requests of a cycle interchangeable for feasibility: if one
 /// failed, the other fails too (capacity only shrinks and usage only grows
 /// within a cycle).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct ShapeKey {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct ShapeKey<'a> {
     team: u32,
     class: u16,
-    model: Option<String>,
+    model: Option<&'a str>,
     gpus: Milli,
     replicas: u32,
     spread: bool,
-    regions: Vec<String>,
+    regions: &'a [String],
+}
+
+impl ShapeKey<'_> {
+    /// Does a failure of `self` imply a failure of `other`? True when `other`
+    /// asks for at least as much under at least the same constraints.
+    fn dominates(&self, other: &ShapeKey<'_>) -> bool {
+        self.team == other.team
+            && self.class == other.class
+            && self.model == other.model
+            && self.regions == other.regions
+            && (self.spread || !other.spread)
+            && other.replicas >= self.replicas
+            && other.gpus >= self.gpus
+            && (self.gpus.0 >= MILLI_PER_GPU) == (other.gpus.0 >= MILLI_PER_GPU)
+    }
 }
 
 /// A candidate plan: global GPU index and milli per shard, per replica.
@@ -208,10 +247,11 @@ struct Work<'s> {
     lowest_class_value: i32,
     /// Does any team run above its guarantee (at cycle start)?
     borrowers_exist: bool,
+    explain: bool,
 }
 
 impl<'s> Work<'s> {
-    fn new(s: &'s State) -> Work<'s> {
+    fn new(s: &'s State, explain: bool) -> Work<'s> {
         let models = s.models.len();
         let mut w = Work {
             s,
@@ -224,6 +264,7 @@ impl<'s> Work<'s> {
             usage: s.usage.clone(),
             preempted: BTreeSet::new(),
             lowest_class_value: s.classes.iter().map(|c| c.value).min().unwrap_or(0),
+            explain,
             borrowers_exist: s.teams.iter().enumerate().any(|(t, info)| {
                 info.slots
                     .iter()
@@ -295,11 +336,7 @@ impl<'s> Work<'s> {
                 self.whole[model].insert((full, node));
             }
             let cf = &mut self.cluster_full[n.cluster as usize][model];
-            if is_full {
-                *cf += 1
-            } else {
-                *cf -= 1
-            }
+            if is_full { *cf += 1 } else { *cf -= 1 }
         }
     }
 
@@ -332,6 +369,43 @@ impl<'s> Work<'s> {
         (share >= 1.0, Share(share / weight), submit, id, team, i)
     }
 
+    /// Is every request shape queued under `key` dominated by a failure of this cycle?
+    fn queue_exhausted(
+        &self,
+        key: &QueueKey,
+        team: u32,
+        class: u16,
+        failed: &BTreeMap<ShapeKey<'_>, PendingReason>,
+    ) -> bool {
+        let Some(shapes) = self.s.queue_shapes.get(key) else {
+            return true;
+        };
+        let lo = ShapeKey {
+            team,
+            class,
+            model: None,
+            gpus: Milli::ZERO,
+            replicas: 0,
+            spread: false,
+            regions: &[],
+        };
+        shapes.keys().all(|shape| {
+            let k = ShapeKey {
+                team,
+                class,
+                model: shape.model.as_deref(),
+                gpus: shape.gpus,
+                replicas: shape.replicas,
+                spread: shape.spread,
+                regions: &shape.regions,
+            };
+            failed
+                .range(lo..)
+                .take_while(|(f, _)| f.team == team && f.class == class)
+                .any(|(f, _)| f.dominates(&k))
+        })
+    }
+
     /// Could a workload of this team and class make room by preempting?
     fn may_preempt(&self, team: u32, class: u16) -> bool {
         let c = &self.s.classes[class as usize];
@@ -354,7 +428,11 @@ impl<'s> Work<'s> {
 
     /// Models this request may use, each with the quota slot it is charged to.
     /// Err: the reason none is allowed.
-    fn allowed_models(&self, spec: &WorkloadSpec, team: u32) -> Result<Vec<(u16, u16)>, PendingReason> {
+    fn allowed_models(
+        &self,
+        spec: &WorkloadSpec,
+        team: u32,
+    ) -> Result<Vec<(u16, u16)>, PendingReason> {
         let info = &self.s.teams[team as usize];
         let candidates: Vec<u16> = match &spec.gpu_model {
             Some(m) => match self.s.model_index.get(m) {
@@ -371,7 +449,9 @@ impl<'s> Work<'s> {
         let mut out = Vec::new();
         let mut limit_reason = None;
         for m in candidates {
-            let Some(slot) = info.charge[m as usize] else { continue };
+            let Some(slot) = info.charge[m as usize] else {
+                continue;
+            };
             let (class, _, limit) = &info.slots[slot as usize];
             let used = self.usage[team as usize][slot as usize];
             if used + spec.total_gpus() > *limit {
@@ -387,17 +467,19 @@ impl<'s> Work<'s> {
             out.push((m, slot));
         }
         if out.is_empty() {
-            return Err(limit_reason.unwrap_or_else(|| PendingReason::NoQuotaForModel {
-                team: info.name.clone(),
-                gpu_model: spec.gpu_model.clone().unwrap_or_else(|| "any".to_string()),
-            }));
+            return Err(
+                limit_reason.unwrap_or_else(|| PendingReason::NoQuotaForModel {
+                    team: info.name.clone(),
+                    gpu_model: spec.gpu_model.clone().unwrap_or_else(|| "any".to_string()),
+                }),
+            );
         }
         Ok(out)
     }
 
     fn cluster_ok(&self, spec: &WorkloadSpec, cluster: u32) -> bool {
         let c = &self.s.clusters[cluster as usize];
-        c.schedulable && (spec.regions.is_empty() || spec.regions.iter().any(|r| *r == c.region))
+        c.schedulable && (spec.regions.is_empty() || spec.regions.contains(&c.region))
     }
 
     fn node_ok(&self, spec: &WorkloadSpec, node: u32) -> bool {
@@ -409,24 +491,48 @@ impl<'s> Work<'s> {
     fn schedule_one(
         &mut self,
         state: &State,
-        spec: &Arc<WorkloadSpec>,
+        spec: &'s Arc<WorkloadSpec>,
         team: u32,
         class: u16,
-        failed: &mut BTreeMap<ShapeKey, PendingReason>,
+        failed: &mut BTreeMap<ShapeKey<'s>, PendingReason>,
         searches_left: &mut usize,
         out: &mut Decisions,
     ) -> Result<(), PendingReason> {
         let key = ShapeKey {
             team,
             class,
-            model: spec.gpu_model.clone(),
+            model: spec.gpu_model.as_deref(),
             gpus: spec.gpus_per_replica,
             replicas: spec.replicas,
             spread: spec.allow_spread,
-            regions: spec.regions.clone(),
+            regions: &spec.regions,
         };
         if let Some(r) = failed.get(&key) {
-            return Err(r.clone());
+            return Err(if self.explain {
+                r.clone()
+            } else {
+                PendingReason::NotEvaluated
+            });
+        }
+        if !self.explain {
+            // A failed request of this group that asks for no more than this
+            // one under the same constraints proves this one fails too.
+            let lo = ShapeKey {
+                team,
+                class,
+                model: None,
+                gpus: Milli::ZERO,
+                replicas: 0,
+                spread: false,
+                regions: &[],
+            };
+            let dominated = failed
+                .range(lo..)
+                .take_while(|(k, _)| k.team == team && k.class == class)
+                .any(|(k, _)| k.dominates(&key));
+            if dominated {
+                return Err(PendingReason::NotEvaluated);
+            }
         }
         let models = match self.allowed_models(spec, team) {
             Ok(m) => m,
@@ -448,7 +554,9 @@ impl<'s> Work<'s> {
                 reason = PendingReason::PreemptionDeferred;
             } else {
                 *searches_left -= 1;
-                if let Some((m, slot, cluster, victims)) = self.find_victims(spec, team, class, &models) {
+                if let Some((m, slot, cluster, victims)) =
+                    self.find_victims(spec, team, class, &models)
+                {
                     // Victims hold their GPUs until they stop (grace period);
                     // only this workload waits for them, so after it is
                     // placed whatever it left of their GPUs is not free for
@@ -551,7 +659,9 @@ impl<'s> Work<'s> {
                 self.node_ok(spec, node)
                     && only.is_none_or(|c| self.s.nodes[node as usize].cluster == c)
             };
-            return self.find_on_nodes(spec.gpus_per_replica, m, ok).map(|r| vec![r]);
+            return self
+                .find_on_nodes(spec.gpus_per_replica, m, ok)
+                .map(|r| vec![r]);
         }
         let total_whole = if spec.gpus_per_replica.0 >= MILLI_PER_GPU {
             spec.gpus_per_replica.whole_gpus() * u64::from(spec.replicas)
@@ -622,7 +732,8 @@ impl<'s> Work<'s> {
         free: &dyn Fn(u32) -> GpuFree,
     ) -> Option<Plan> {
         let mut free_local: BTreeMap<u32, GpuFree> = BTreeMap::new();
-        let get = |fl: &BTreeMap<u32, GpuFree>, g: u32| fl.get(&g).copied().unwrap_or_else(|| free(g));
+        let get =
+            |fl: &BTreeMap<u32, GpuFree>, g: u32| fl.get(&g).copied().unwrap_or_else(|| free(g));
         let nodes: Vec<u32> = self.s.clusters[c as usize]
             .nodes
             .iter()
@@ -705,17 +816,26 @@ impl<'s> Work<'s> {
     }
 
     /// The reason a request found no room, with the largest free block.
-    fn explain_capacity(&self, spec: &WorkloadSpec, models: &[(u16, u16)], idle_only: bool) -> PendingReason {
+    fn explain_capacity(
+        &self,
+        spec: &WorkloadSpec,
+        models: &[(u16, u16)],
+        idle_only: bool,
+    ) -> PendingReason {
         let single = spec.replicas == 1 && !spec.allow_spread;
         let g = spec.gpus_per_replica;
-        let model_names: Vec<&str> = models.iter().map(|&(m, _)| self.s.models[m as usize].as_str()).collect();
+        let model_names: Vec<&str> = models
+            .iter()
+            .map(|&(m, _)| self.s.models[m as usize].as_str())
+            .collect();
         let model_txt = model_names.join("|");
         let any_cluster = (0..self.s.clusters.len() as u32).any(|c| {
             self.cluster_ok(spec, c)
-                && self.s.clusters[c as usize]
-                    .nodes
-                    .iter()
-                    .any(|&n| models.iter().any(|&(m, _)| self.s.nodes[n as usize].model == m))
+                && self.s.clusters[c as usize].nodes.iter().any(|&n| {
+                    models
+                        .iter()
+                        .any(|&(m, _)| self.s.nodes[n as usize].model == m)
+                })
         });
         if !any_cluster {
             return PendingReason::NoMatchingCluster {
@@ -774,7 +894,11 @@ impl<'s> Work<'s> {
             format!(
                 "a gang of {}×{g} {model_txt} in one cluster{}",
                 spec.replicas,
-                if spec.allow_spread { "" } else { ", each replica on one node" }
+                if spec.allow_spread {
+                    ""
+                } else {
+                    ", each replica on one node"
+                }
             )
         } else {
             format!("{g} {model_txt} in one cluster")
@@ -837,12 +961,19 @@ impl<'s> Work<'s> {
     ) -> Option<(u16, u16, u32, Vec<(WorkloadId, PreemptReason)>)> {
         let single = spec.replicas == 1 && !spec.allow_spread;
         // (cost, model, slot, cluster, victims)
-        type Best = ((usize, i32, usize, u64), u16, u16, u32, Vec<(WorkloadId, PreemptReason)>);
+        type Best = (
+            (usize, i32, usize, u64),
+            u16,
+            u16,
+            u32,
+            Vec<(WorkloadId, PreemptReason)>,
+        );
         let mut best: Option<Best> = None;
         'models: for &(m, slot) in models {
             let info = &self.s.teams[team as usize];
             let (qclass, guaranteed, _) = &info.slots[slot as usize];
-            let reclaim = self.usage[team as usize][slot as usize] + spec.total_gpus() <= *guaranteed;
+            let reclaim =
+                self.usage[team as usize][slot as usize] + spec.total_gpus() <= *guaranteed;
             // Scopes: single nodes, or whole clusters for gangs and spread work.
             let scopes: Vec<(u32, Vec<u32>)> = if single {
                 self.s
@@ -892,52 +1023,76 @@ impl<'s> Work<'s> {
                     continue;
                 }
                 cands.sort_unstable();
-                // Free GPUs after evicting the chosen victims: an overlay on
-                // the cycle's free array, so a scope costs what it touches.
-                let mut free: BTreeMap<u32, GpuFree> = BTreeMap::new();
-                let mut chosen: Vec<(WorkloadId, PreemptReason)> = Vec::new();
-                let mut removed: BTreeMap<(u32, u16), Milli> = BTreeMap::new();
-                let mut fits = false;
-                for &(_, _, _, Reverse(v)) in &cands {
-                    if chosen.len() >= MAX_VICTIMS_PER_PREEMPTION {
+                // Greedy in cost order over `order`. Returns the free overlay
+                // and victims once the request fits, and the victims refused
+                // because their team would drop below its guarantee.
+                #[allow(clippy::type_complexity)]
+                let pick = |order: &[WorkloadId]| -> (
+                    Option<(BTreeMap<u32, GpuFree>, Vec<(WorkloadId, PreemptReason)>)>,
+                    Vec<WorkloadId>,
+                ) {
+                    // Free GPUs after evicting the chosen victims: an overlay on
+                    // the cycle's free array, so a scope costs what it touches.
+                    let mut free: BTreeMap<u32, GpuFree> = BTreeMap::new();
+                    let mut chosen: Vec<(WorkloadId, PreemptReason)> = Vec::new();
+                    let mut removed: BTreeMap<(u32, u16), Milli> = BTreeMap::new();
+                    let mut refused = Vec::new();
+                    for &v in order {
+                        if chosen.len() >= MAX_VICTIMS_PER_PREEMPTION {
+                            break;
+                        }
+                        let r = &self.s.running[&v];
+                        let vc = &self.s.classes[r.class as usize];
+                        let by_priority = (vc.preemptible_by >> (class % 64)) & 1 == 1;
+                        let already = removed.get(&(r.team, r.slot)).copied().unwrap_or_default();
+                        // A reclaim never takes a borrower below its own guarantee.
+                        let reclaim_ok = reclaim
+                            && r.team != team
+                            && self.is_borrower(r.team, r.slot, already + r.spec.total_gpus());
+                        let why = if by_priority {
+                            PreemptReason::Priority {
+                                victim_class: vc.name.clone(),
+                                preemptor_class: self.s.classes[class as usize].name.clone(),
+                            }
+                        } else if reclaim_ok {
+                            PreemptReason::QuotaReclaim {
+                                victim_team: self.s.teams[r.team as usize].name.clone(),
+                                preemptor_team: info.name.clone(),
+                                gpu_class: qclass.clone(),
+                                guaranteed: *guaranteed,
+                            }
+                        } else {
+                            refused.push(v);
+                            continue;
+                        };
+                        for &(g, mm) in &r.gpus {
+                            *free.entry(g).or_insert(self.gpu_free[g as usize]) += mm;
+                        }
+                        *removed.entry((r.team, r.slot)).or_default() += r.spec.total_gpus();
+                        chosen.push((v, why));
+                        if self.fits_in(spec, m, cluster, &nodes, &free) {
+                            return (Some((free, chosen)), refused);
+                        }
+                    }
+                    (None, refused)
+                };
+                let order: Vec<WorkloadId> = cands.iter().map(|c| c.3.0).collect();
+                let (mut found, refused) = pick(&order);
+                // Cheaper picks of a team may free nothing this request can
+                // use and still spend that team's room above its guarantee,
+                // so a victim that would help is refused: retry with it first.
+                for &first in refused.iter().take(MAX_RECLAIM_RETRIES) {
+                    if found.is_some() {
                         break;
                     }
-                    let r = &self.s.running[&v];
-                    let vc = &self.s.classes[r.class as usize];
-                    let by_priority = (vc.preemptible_by >> (class % 64)) & 1 == 1;
-                    let already = removed.get(&(r.team, r.slot)).copied().unwrap_or_default();
-                    // A reclaim never takes a borrower below its own guarantee.
-                    let reclaim_ok = reclaim
-                        && r.team != team
-                        && self.is_borrower(r.team, r.slot, already + r.spec.total_gpus());
-                    let why = if by_priority {
-                        PreemptReason::Priority {
-                            victim_class: vc.name.clone(),
-                            preemptor_class: self.s.classes[class as usize].name.clone(),
-                        }
-                    } else if reclaim_ok {
-                        PreemptReason::QuotaReclaim {
-                            victim_team: self.s.teams[r.team as usize].name.clone(),
-                            preemptor_team: info.name.clone(),
-                            gpu_class: qclass.clone(),
-                            guaranteed: *guaranteed,
-                        }
-                    } else {
-                        continue;
-                    };
-                    for &(g, mm) in &r.gpus {
-                        *free.entry(g).or_insert(self.gpu_free[g as usize]) += mm;
-                    }
-                    *removed.entry((r.team, r.slot)).or_default() += r.spec.total_gpus();
-                    chosen.push((v, why));
-                    if self.fits_in(spec, m, cluster, &nodes, &free) {
-                        fits = true;
-                        break;
-                    }
+                    let mut o = Vec::with_capacity(order.len());
+                    o.push(first);
+                    o.extend(order.iter().copied().filter(|&v| v != first));
+                    found = pick(&o).0;
                 }
-                if !fits {
+                let Some((mut free, mut chosen)) = found else {
                     continue;
-                }
+                };
                 // Drop victims that turned out unnecessary, newest choice last.
                 let mut i = chosen.len();
                 while i > 0 {
@@ -967,7 +1122,10 @@ impl<'s> Work<'s> {
                     .map(|(v, _)| self.s.classes[self.s.running[v].class as usize].value)
                     .max()
                     .unwrap_or(i32::MIN);
-                let gpus: u64 = chosen.iter().map(|(v, _)| self.s.running[v].spec.total_gpus().0).sum();
+                let gpus: u64 = chosen
+                    .iter()
+                    .map(|(v, _)| self.s.running[v].spec.total_gpus().0)
+                    .sum();
                 let cost = (non_borrowers, max_prio, chosen.len(), gpus);
                 // Nothing is cheaper than one borrower of the lowest class
                 // holding exactly what is needed: stop scanning.
@@ -1006,7 +1164,12 @@ impl<'s> Work<'s> {
         nodes: &[u32],
         overlay: &BTreeMap<u32, GpuFree>,
     ) -> bool {
-        let free = |g: u32| overlay.get(&g).copied().unwrap_or(self.gpu_free[g as usize]);
+        let free = |g: u32| {
+            overlay
+                .get(&g)
+                .copied()
+                .unwrap_or(self.gpu_free[g as usize])
+        };
         if spec.replicas == 1 && !spec.allow_spread {
             let g = spec.gpus_per_replica;
             return nodes.iter().any(|&n| {

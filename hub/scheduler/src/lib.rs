@@ -9,8 +9,8 @@ pub mod cycle;
 pub mod error;
 pub mod inventory;
 pub mod sim;
-pub mod trace;
 pub mod state;
+pub mod trace;
 pub mod types;
 pub mod validate;
 

@@ -383,8 +383,14 @@ pub fn simulate(policy: &Policy, inventory: &Inventory, jobs: &[SimJob], mode: M
         e.0 += 1;
         let wait_s = r.waited_ms as f64 / 1000.0;
         all.push(wait_s);
-        per_team_delay.entry(j.team.clone()).or_default().push(wait_s);
-        per_class_delay.entry(j.priority_class.clone()).or_default().push(wait_s);
+        per_team_delay
+            .entry(j.team.clone())
+            .or_default()
+            .push(wait_s);
+        per_class_delay
+            .entry(j.priority_class.clone())
+            .or_default()
+            .push(wait_s);
     }
     let total_hours: f64 = per_team_hours.values().map(|v| v.1).sum();
     let per_team = per_team_hours
@@ -393,7 +399,9 @@ pub fn simulate(policy: &Policy, inventory: &Inventory, jobs: &[SimJob], mode: M
             let entitlement = policy
                 .teams
                 .get(&team)
-                .map(|t| t.quotas.values().map(|q| q.guaranteed.0).sum::<u64>() as f64 / cap.max(1.0))
+                .map(|t| {
+                    t.quotas.values().map(|q| q.guaranteed.0).sum::<u64>() as f64 / cap.max(1.0)
+                })
                 .unwrap_or(0.0);
             let delays = per_team_delay.remove(&team).unwrap_or_default();
             (
@@ -401,7 +409,11 @@ pub fn simulate(policy: &Policy, inventory: &Inventory, jobs: &[SimJob], mode: M
                 TeamReport {
                     jobs_finished: n,
                     gpu_hours: h,
-                    share: if total_hours > 0.0 { h / total_hours } else { 0.0 },
+                    share: if total_hours > 0.0 {
+                        h / total_hours
+                    } else {
+                        0.0
+                    },
                     entitlement,
                     queue_delay_s: DelayStats::of(delays),
                 },
@@ -414,7 +426,11 @@ pub fn simulate(policy: &Policy, inventory: &Inventory, jobs: &[SimJob], mode: M
         jobs_submitted: jobs.len() as u64,
         jobs_rejected: rejected.values().sum(),
         jobs_finished: finished,
-        gpu_utilization: if cap > 0.0 { alloc_integral / (cap * span) } else { 0.0 },
+        gpu_utilization: if cap > 0.0 {
+            alloc_integral / (cap * span)
+        } else {
+            0.0
+        },
         queue_delay_s: DelayStats::of(all),
         idle_while_waiting_gpu_hours: idle_waiting_integral / MILLI_PER_GPU as f64 / 3.6e6,
         preemptions,

@@ -117,6 +117,31 @@ pub struct State {
     pub(crate) pending: BTreeMap<WorkloadId, PendingRec>,
     /// (priority, class, team) → (submit time, id), in order.
     pub(crate) queues: BTreeMap<QueueKey, BTreeSet<(u64, WorkloadId)>>,
+    /// Distinct request shapes queued per queue, with counts: lets a cycle
+    /// drop a whole queue once every shape in it is known not to fit.
+    pub(crate) queue_shapes: BTreeMap<QueueKey, BTreeMap<Shape, u32>>,
+}
+
+/// The parts of a request that decide whether it fits.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Shape {
+    pub model: Option<String>,
+    pub gpus: Milli,
+    pub replicas: u32,
+    pub spread: bool,
+    pub regions: Vec<String>,
+}
+
+impl Shape {
+    fn of(spec: &WorkloadSpec) -> Shape {
+        Shape {
+            model: spec.gpu_model.clone(),
+            gpus: spec.gpus_per_replica,
+            replicas: spec.replicas,
+            spread: spec.allow_spread,
+            regions: spec.regions.clone(),
+        }
+    }
 }
 
 impl State {
@@ -221,7 +246,10 @@ impl State {
             }
             clusters.push(rec);
         }
-        let usage = teams.iter().map(|t| vec![Milli::ZERO; t.slots.len()]).collect();
+        let usage = teams
+            .iter()
+            .map(|t| vec![Milli::ZERO; t.slots.len()])
+            .collect();
         let node_count = nodes.len();
         let class_count = classes.len();
         State {
@@ -244,6 +272,7 @@ impl State {
             running_per_class: vec![0; class_count],
             pending: BTreeMap::new(),
             queues: BTreeMap::new(),
+            queue_shapes: BTreeMap::new(),
         }
     }
 
@@ -280,7 +309,14 @@ impl State {
             .entry(key)
             .or_default()
             .insert((spec.submit_time_ms, spec.id));
-        self.pending.insert(spec.id, PendingRec { spec, team, class });
+        *self
+            .queue_shapes
+            .entry(key)
+            .or_default()
+            .entry(Shape::of(&spec))
+            .or_insert(0) += 1;
+        self.pending
+            .insert(spec.id, PendingRec { spec, team, class });
     }
 
     fn dequeue(&mut self, id: WorkloadId) -> Option<PendingRec> {
@@ -294,6 +330,18 @@ impl State {
             q.remove(&(rec.spec.submit_time_ms, id));
             if q.is_empty() {
                 self.queues.remove(&key);
+            }
+        }
+        if let Some(shapes) = self.queue_shapes.get_mut(&key) {
+            let shape = Shape::of(&rec.spec);
+            if let Some(n) = shapes.get_mut(&shape) {
+                *n -= 1;
+                if *n == 0 {
+                    shapes.remove(&shape);
+                }
+            }
+            if shapes.is_empty() {
+                self.queue_shapes.remove(&key);
             }
         }
         Some(rec)
@@ -341,7 +389,9 @@ impl State {
             .nodes
             .clone();
         if allocation.replicas.len() != spec.replicas as usize {
-            return Err(RequestError::BadAllocation("replica count differs from the spec"));
+            return Err(RequestError::BadAllocation(
+                "replica count differs from the spec",
+            ));
         }
         let mut gpus: Vec<(u32, GpuFree)> = Vec::new();
         let mut model = None;
@@ -377,8 +427,9 @@ impl State {
         }
         let model = model.ok_or(RequestError::BadAllocation("empty allocation"))?;
         let team = self.team_index[&spec.team];
-        let slot = self.teams[team as usize].charge[model as usize]
-            .ok_or(RequestError::BadAllocation("team has no quota for this GPU model"))?;
+        let slot = self.teams[team as usize].charge[model as usize].ok_or(
+            RequestError::BadAllocation("team has no quota for this GPU model"),
+        )?;
         let class = self.class_index[&spec.priority_class];
         if self.running.contains_key(&spec.id) {
             return Err(RequestError::DuplicateId(spec.id));
@@ -498,7 +549,11 @@ impl State {
         let g = self.clusters[cluster as usize].nodes[node as usize];
         let n = &self.nodes[g as usize];
         (0..n.gpu_count)
-            .map(|i| Milli(u64::from(FULL_GPU - self.gpu_free[(n.first_gpu + i) as usize])))
+            .map(|i| {
+                Milli(u64::from(
+                    FULL_GPU - self.gpu_free[(n.first_gpu + i) as usize],
+                ))
+            })
             .collect()
     }
 

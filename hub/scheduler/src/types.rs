@@ -226,7 +226,10 @@ impl fmt::Display for PendingReason {
                 }
             }
             PendingReason::NeverFits { need, largest } => {
-                write!(f, "needs {need}; the largest is {largest}, so this can never fit")
+                write!(
+                    f,
+                    "needs {need}; the largest is {largest}, so this can never fit"
+                )
             }
             PendingReason::NoFreeCapacity {
                 need,
@@ -239,7 +242,10 @@ impl fmt::Display for PendingReason {
                     write!(f, " ({at})")?;
                 }
                 if *idle_only {
-                    write!(f, "; this class runs only on idle capacity and never preempts")?;
+                    write!(
+                        f,
+                        "; this class runs only on idle capacity and never preempts"
+                    )?;
                 }
                 Ok(())
             }

@@ -39,7 +39,7 @@ pub(crate) fn validate(state: &State, spec: &WorkloadSpec) -> Result<(), Request
     let g = spec.gpus_per_replica;
     let granularity = state.policy.settings.fraction_granularity;
     if g.0 < MILLI_PER_GPU {
-        if granularity.0 == 0 || g.0 % granularity.0 != 0 {
+        if granularity.0 == 0 || !g.0.is_multiple_of(granularity.0) {
             return Err(RequestError::BadFraction {
                 got: g,
                 granularity,

@@ -95,13 +95,20 @@ fn wl_gen(teams: usize) -> impl Strategy<Value = WlGen> {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    let cluster = (0usize..2, prop::collection::vec((0usize..2, 1u32..=8), 1..=4));
+    let cluster = (
+        0usize..2,
+        prop::collection::vec((0usize..2, 1u32..=8), 1..=4),
+    );
     let team = (
         1u8..=2,
         prop::bool::weighted(0.25),
         prop::array::uniform2((prop::bool::weighted(0.8), 0u64..=3, 0u64..=8)),
     )
-        .prop_map(|(weight, any, quotas)| TeamGen { weight, any, quotas });
+        .prop_map(|(weight, any, quotas)| TeamGen {
+            weight,
+            any,
+            quotas,
+        });
     (
         prop::collection::vec(cluster, 1..=3),
         prop::collection::vec(team, 2..=4),
@@ -164,7 +171,7 @@ fn policy(case: &Case, inv: &Inventory) -> Arc<axle_policy::Policy> {
         for m in 0..2 {
             let (has, share, extra) = t.quotas[m];
             // A team without any quota gets one on the last model.
-            if !has && !(m == 1 && per_model.is_empty()) {
+            if !(has || m == 1 && per_model.is_empty()) {
                 continue;
             }
             let total: u64 = case
@@ -175,12 +182,12 @@ fn policy(case: &Case, inv: &Inventory) -> Arc<axle_policy::Policy> {
                 .sum::<u64>()
                 + case.slack[m]
                 + u64::from(!has) * share;
-            let g = if total == 0 {
-                0
-            } else {
-                (capacity[m] * share / total) / 250 * 250
-            };
-            per_model.push((MODELS[m].to_string(), Milli(g), Milli(g + extra * MILLI_PER_GPU)));
+            let g = (capacity[m] * share).checked_div(total).unwrap_or(0) / 250 * 250;
+            per_model.push((
+                MODELS[m].to_string(),
+                Milli(g),
+                Milli(g + extra * MILLI_PER_GPU),
+            ));
         }
         let quotas = if t.any {
             let g = per_model.iter().map(|q| q.1.0).sum();
@@ -256,18 +263,27 @@ fn run_case(case: &Case) -> Result<(u64, u64), String> {
             .map_err(|e| format!("round {round}: apply failed: {e}"))?;
         check_state(&inv, &state).map_err(|e| format!("round {round} after apply: {e}"))?;
         for p in &d.placements {
-            let run = state.running_workload(p.workload).ok_or("placed workload not running")?;
+            let run = state
+                .running_workload(p.workload)
+                .ok_or("placed workload not running")?;
             if run.allocation != p.allocation || run.start_time_ms != now_ms {
-                return Err(format!("workload {} runs elsewhere than placed", p.workload));
+                return Err(format!(
+                    "workload {} runs elsewhere than placed",
+                    p.workload
+                ));
             }
         }
         for e in &d.preemptions {
             let old = before.running_workload(e.workload).unwrap();
-            let back = state
-                .pending_spec(e.workload)
-                .ok_or(format!("preempted workload {} was not requeued", e.workload))?;
+            let back = state.pending_spec(e.workload).ok_or(format!(
+                "preempted workload {} was not requeued",
+                e.workload
+            ))?;
             if back.submit_time_ms != old.spec.submit_time_ms {
-                return Err(format!("preempted workload {} lost its submit time", e.workload));
+                return Err(format!(
+                    "preempted workload {} lost its submit time",
+                    e.workload
+                ));
             }
         }
         // Between cycles: some workloads finish, one is requeued, one cancelled.
@@ -347,16 +363,22 @@ fn checker_catches_double_booking() {
     assert!(err.contains("over-committed"), "{err}");
     let mut bad = d.clone();
     bad.placements.push(bad.placements[0].clone());
-    assert!(check_decisions(&inv, &s, &bad).unwrap_err().contains("twice"));
+    assert!(
+        check_decisions(&inv, &s, &bad)
+            .unwrap_err()
+            .contains("twice")
+    );
 }
 
 #[test]
 fn checker_catches_preempted_production_and_bad_reclaim() {
     let (inv, mut s) = small();
     let prod = Arc::new(wl(1, "b", PRODUCTION));
-    s.start(prod, allocation(0, Milli::gpus(1), &[(0, &[0])]), 0).unwrap();
+    s.start(prod, allocation(0, Milli::gpus(1), &[(0, &[0])]), 0)
+        .unwrap();
     let dev = Arc::new(wl(2, "b", DEVELOPMENT));
-    s.start(dev, allocation(0, Milli::gpus(1), &[(0, &[1])]), 0).unwrap();
+    s.start(dev, allocation(0, Milli::gpus(1), &[(0, &[1])]), 0)
+        .unwrap();
     s.submit(wl(3, "a", DEVELOPMENT)).unwrap();
     let place = |victim| Decisions {
         placements: vec![Placement {
@@ -393,7 +415,8 @@ fn checker_catches_preempted_production_and_bad_reclaim() {
 fn checker_catches_reclaim_below_the_victims_guarantee() {
     let (inv, mut s) = small();
     let b1 = Arc::new(wl(1, "b", TRAINING));
-    s.start(b1, allocation(0, Milli::gpus(1), &[(0, &[0])]), 0).unwrap();
+    s.start(b1, allocation(0, Milli::gpus(1), &[(0, &[0])]), 0)
+        .unwrap();
     s.submit(wl(2, "a", TRAINING)).unwrap();
     // b is at its guarantee: nothing to reclaim, and GPU 1 is free.
     let d = cycle(&s, 0, &CycleOptions::default());
@@ -425,14 +448,20 @@ fn checker_catches_reclaim_below_the_victims_guarantee() {
 fn checker_catches_freed_gpus_used_without_waiting() {
     let (inv, mut s) = small();
     let dev = Arc::new(wl(1, "b", DEVELOPMENT));
-    s.start(dev, allocation(0, Milli::gpus(1), &[(0, &[0])]), 0).unwrap();
+    s.start(dev, allocation(0, Milli::gpus(1), &[(0, &[0])]), 0)
+        .unwrap();
     let other = Arc::new(wl(2, "b", TRAINING));
-    s.start(other, allocation(0, Milli::gpus(1), &[(0, &[1])]), 0).unwrap();
+    s.start(other, allocation(0, Milli::gpus(1), &[(0, &[1])]), 0)
+        .unwrap();
     s.submit(wl(3, "a", TRAINING).gpus(0.5)).unwrap();
     s.submit(wl(4, "a", TRAINING).gpus(0.25)).unwrap();
     let d = cycle(&s, 0, &CycleOptions::default());
     check_decisions(&inv, &s, &d).unwrap();
-    assert!(d.placements.iter().any(|p| p.workload == 3 && p.after_preempting == [1]));
+    assert!(
+        d.placements
+            .iter()
+            .any(|p| p.workload == 3 && p.after_preempting == [1])
+    );
     // Workload 1 keeps GPU 0 through its grace period: the half that workload
     // 3 leaves is not free for workload 4 in this cycle.
     assert!(d.placements.iter().all(|p| p.workload != 4), "{d:#?}");

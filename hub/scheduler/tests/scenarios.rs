@@ -273,32 +273,34 @@ fn build(sc: &Scenario) -> Result<Built, String> {
     }
     for w in &sc.running {
         let spec = spec_of(ids[&w.name], w);
-        let cname = w.cluster.as_ref().ok_or(format!("running {} needs a cluster", w.name))?;
+        let cname = w
+            .cluster
+            .as_ref()
+            .ok_or(format!("running {} needs a cluster", w.name))?;
         let ci = inv
             .clusters
             .iter()
             .position(|c| c.name == *cname)
             .ok_or(format!("unknown cluster {cname}"))?;
         let share = Milli(spec.gpus_per_replica.0.min(MILLI_PER_GPU));
-        let replicas = w
-            .at
-            .iter()
-            .map(|r| {
-                let ni = inv.clusters[ci]
-                    .nodes
-                    .iter()
-                    .position(|n| n.name == r.node)
-                    .ok_or(format!("unknown node {} in {cname}", r.node))?;
-                Ok(r.gpus
-                    .iter()
-                    .map(|&gpu| Shard {
-                        node: ni as u32,
-                        gpu,
-                        milli: share,
-                    })
-                    .collect())
-            })
-            .collect::<Result<Vec<Vec<Shard>>, String>>()?;
+        let replicas =
+            w.at.iter()
+                .map(|r| {
+                    let ni = inv.clusters[ci]
+                        .nodes
+                        .iter()
+                        .position(|n| n.name == r.node)
+                        .ok_or(format!("unknown node {} in {cname}", r.node))?;
+                    Ok(r.gpus
+                        .iter()
+                        .map(|&gpu| Shard {
+                            node: ni as u32,
+                            gpu,
+                            milli: share,
+                        })
+                        .collect())
+                })
+                .collect::<Result<Vec<Vec<Shard>>, String>>()?;
         let alloc = Allocation {
             cluster: ci as u32,
             replicas,
@@ -318,9 +320,13 @@ fn build(sc: &Scenario) -> Result<Built, String> {
         match (res, refused.get(w.name.as_str())) {
             (Ok(()), None) => {}
             (Err(e), Some(want)) if e.to_string().contains(want) => {}
-            (Err(e), Some(want)) => return Err(format!("submit {}: error {e:?} lacks {want:?}", w.name)),
+            (Err(e), Some(want)) => {
+                return Err(format!("submit {}: error {e:?} lacks {want:?}", w.name));
+            }
             (Err(e), None) => return Err(format!("submit {}: {e}", w.name)),
-            (Ok(()), Some(_)) => return Err(format!("submit {} was accepted, expected an error", w.name)),
+            (Ok(()), Some(_)) => {
+                return Err(format!("submit {} was accepted, expected an error", w.name));
+            }
         }
     }
     Ok(Built {
@@ -332,7 +338,10 @@ fn build(sc: &Scenario) -> Result<Built, String> {
 }
 
 fn name(b: &Built, id: WorkloadId) -> String {
-    b.names.get(&id).cloned().unwrap_or_else(|| format!("#{id}"))
+    b.names
+        .get(&id)
+        .cloned()
+        .unwrap_or_else(|| format!("#{id}"))
 }
 
 fn describe(b: &Built, d: &Decisions) -> String {
@@ -351,10 +360,20 @@ fn describe(b: &Built, d: &Decisions) -> String {
             })
             .collect();
         let after: Vec<String> = p.after_preempting.iter().map(|v| name(b, *v)).collect();
-        out += &format!("  place {} on {} [{}] after {after:?}\n", name(b, p.workload), c.name, shards.join(" | "));
+        out += &format!(
+            "  place {} on {} [{}] after {after:?}\n",
+            name(b, p.workload),
+            c.name,
+            shards.join(" | ")
+        );
     }
     for e in &d.preemptions {
-        out += &format!("  preempt {} for {}: {}\n", name(b, e.workload), name(b, e.for_workload), e.reason);
+        out += &format!(
+            "  preempt {} for {}: {}\n",
+            name(b, e.workload),
+            name(b, e.for_workload),
+            e.reason
+        );
     }
     for (id, r) in &d.pending {
         out += &format!("  pending {}: {r}\n", name(b, *id));
@@ -364,7 +383,12 @@ fn describe(b: &Built, d: &Decisions) -> String {
 
 fn check(sc: &Scenario, b: &Built, d: &Decisions) -> Result<(), String> {
     let e = &sc.expect;
-    let id = |n: &str| b.ids.get(n).copied().ok_or(format!("expect names unknown workload {n}"));
+    let id = |n: &str| {
+        b.ids
+            .get(n)
+            .copied()
+            .ok_or(format!("expect names unknown workload {n}"))
+    };
     // Placements: exactly the expected set, each where expected.
     let got: BTreeSet<String> = d.placements.iter().map(|p| name(b, p.workload)).collect();
     let want: BTreeSet<String> = e.placements.iter().map(|p| p.workload.clone()).collect();
@@ -376,13 +400,19 @@ fn check(sc: &Scenario, b: &Built, d: &Decisions) -> Result<(), String> {
         let p = d.placements.iter().find(|p| p.workload == wid).unwrap();
         let c = &b.inv.clusters[p.allocation.cluster as usize];
         if c.name != ep.cluster {
-            return Err(format!("{} placed in {}, expected {}", ep.workload, c.name, ep.cluster));
+            return Err(format!(
+                "{} placed in {}, expected {}",
+                ep.workload, c.name, ep.cluster
+            ));
         }
         let node_of = |s: &Shard| c.nodes[s.node as usize].name.clone();
         if let Some(n) = &ep.node {
             let nodes: BTreeSet<String> = p.allocation.shards().map(node_of).collect();
             if nodes != BTreeSet::from([n.clone()]) {
-                return Err(format!("{} placed on {nodes:?}, expected only {n}", ep.workload));
+                return Err(format!(
+                    "{} placed on {nodes:?}, expected only {n}",
+                    ep.workload
+                ));
             }
         }
         if let Some(g) = &ep.gpus {
@@ -391,7 +421,10 @@ fn check(sc: &Scenario, b: &Built, d: &Decisions) -> Result<(), String> {
             let mut want = g.clone();
             want.sort_unstable();
             if have != want {
-                return Err(format!("{} placed on GPUs {have:?}, expected {want:?}", ep.workload));
+                return Err(format!(
+                    "{} placed on GPUs {have:?}, expected {want:?}",
+                    ep.workload
+                ));
             }
         }
         if let Some(rn) = &ep.replica_nodes {
@@ -401,16 +434,23 @@ fn check(sc: &Scenario, b: &Built, d: &Decisions) -> Result<(), String> {
                 .iter()
                 .map(|r| r.iter().map(node_of).collect())
                 .collect();
-            let want: Vec<BTreeSet<String>> = rn.iter().map(|n| BTreeSet::from([n.clone()])).collect();
+            let want: Vec<BTreeSet<String>> =
+                rn.iter().map(|n| BTreeSet::from([n.clone()])).collect();
             if have != want {
-                return Err(format!("{} replicas on {have:?}, expected {want:?}", ep.workload));
+                return Err(format!(
+                    "{} replicas on {have:?}, expected {want:?}",
+                    ep.workload
+                ));
             }
         }
         if let Some(after) = &ep.after_preempting {
             let have: BTreeSet<String> = p.after_preempting.iter().map(|v| name(b, *v)).collect();
             let want: BTreeSet<String> = after.iter().cloned().collect();
             if have != want {
-                return Err(format!("{} waits for {have:?}, expected {want:?}", ep.workload));
+                return Err(format!(
+                    "{} waits for {have:?}, expected {want:?}",
+                    ep.workload
+                ));
             }
         }
     }
@@ -429,7 +469,11 @@ fn check(sc: &Scenario, b: &Built, d: &Decisions) -> Result<(), String> {
                 PreemptReason::Priority { .. } => "priority",
                 PreemptReason::QuotaReclaim { .. } => "quota_reclaim",
             };
-            (name(b, p.workload), name(b, p.for_workload), kind.to_string())
+            (
+                name(b, p.workload),
+                name(b, p.for_workload),
+                kind.to_string(),
+            )
         })
         .collect();
     let mut want: Vec<(String, String, String)> = e
@@ -440,7 +484,9 @@ fn check(sc: &Scenario, b: &Built, d: &Decisions) -> Result<(), String> {
     got.sort();
     want.sort();
     if got != want {
-        return Err(format!("preemptions (victim, for, reason) {got:?}, expected {want:?}"));
+        return Err(format!(
+            "preemptions (victim, for, reason) {got:?}, expected {want:?}"
+        ));
     }
     for ep in &e.pending {
         let wid = id(&ep.workload)?;
@@ -451,7 +497,10 @@ fn check(sc: &Scenario, b: &Built, d: &Decisions) -> Result<(), String> {
             .map(|(_, r)| r.to_string())
             .ok_or(format!("{} has no pending reason", ep.workload))?;
         if !reason.contains(&ep.reason) {
-            return Err(format!("{} pending reason {reason:?} lacks {:?}", ep.workload, ep.reason));
+            return Err(format!(
+                "{} pending reason {reason:?} lacks {:?}",
+                ep.workload, ep.reason
+            ));
         }
     }
     Ok(())
@@ -470,7 +519,9 @@ fn run_file(path: &Path) -> Result<(), String> {
     check_deterministic(&b.state, sc.now_ms, &d).map_err(ctx)?;
     check_decisions(&b.inv, &b.state, &d).map_err(ctx)?;
     check_no_missed_room(&b.inv, &b.state, &d).map_err(ctx)?;
-    b.state.apply(&d, sc.now_ms).map_err(|e| format!("apply: {e}"))?;
+    b.state
+        .apply(&d, sc.now_ms)
+        .map_err(|e| format!("apply: {e}"))?;
     check_state(&b.inv, &b.state)?;
     Ok(())
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use axle_policy::{MILLI_PER_GPU, Milli, Policy, PriorityClass, Quota, Settings, Team, TeamBurst};
 use axle_scheduler::{
-    Allocation, ClusterInventory, Decisions, Inventory, NodeInventory, PreemptReason, Shard,
-    State, WorkloadId, WorkloadSpec,
+    Allocation, ClusterInventory, Decisions, Inventory, NodeInventory, PreemptReason, Shard, State,
+    WorkloadId, WorkloadSpec,
 };
 
 pub const PRODUCTION: &str = "production";
@@ -86,7 +86,12 @@ impl PolicyBuilder {
         self.weighted_team(name, 1.0, quotas)
     }
 
-    pub fn weighted_team(self, name: &str, weight: f64, quotas: &[(&str, f64, f64)]) -> PolicyBuilder {
+    pub fn weighted_team(
+        self,
+        name: &str,
+        weight: f64,
+        quotas: &[(&str, f64, f64)],
+    ) -> PolicyBuilder {
         let q: Vec<(String, Milli, Milli)> = quotas
             .iter()
             .map(|&(c, g, l)| (c.to_string(), gpus(g), gpus(l)))
@@ -94,7 +99,12 @@ impl PolicyBuilder {
         self.team_milli(name, weight, &q)
     }
 
-    pub fn team_milli(mut self, name: &str, weight: f64, quotas: &[(String, Milli, Milli)]) -> PolicyBuilder {
+    pub fn team_milli(
+        mut self,
+        name: &str,
+        weight: f64,
+        quotas: &[(String, Milli, Milli)],
+    ) -> PolicyBuilder {
         let quotas = quotas
             .iter()
             .map(|(c, g, l)| {
@@ -167,7 +177,10 @@ impl InventoryBuilder {
     }
 
     pub fn unschedulable(mut self) -> InventoryBuilder {
-        self.clusters.last_mut().expect("a cluster first").schedulable = false;
+        self.clusters
+            .last_mut()
+            .expect("a cluster first")
+            .schedulable = false;
         self
     }
 
@@ -277,7 +290,7 @@ pub fn allocation(cluster: u32, per_replica: Milli, replicas: &[(u32, &[u32])]) 
 /// Global key of one GPU: (cluster, node, gpu) indices.
 pub type GpuKey = (u32, u32, u32);
 
-fn model_of<'a>(inv: &'a Inventory, cluster: u32, node: u32) -> Option<&'a str> {
+fn model_of(inv: &Inventory, cluster: u32, node: u32) -> Option<&str> {
     inv.clusters
         .get(cluster as usize)?
         .nodes
@@ -297,12 +310,16 @@ pub fn quota_of(policy: &Policy, team: &str, model: &str) -> Option<(String, Mil
 /// GPU indices, each replica's shards add up to its request, a non-spread
 /// replica sits on one node, one GPU model, and the model is the requested one.
 /// Returns the GPU model.
-pub fn check_allocation(inv: &Inventory, spec: &WorkloadSpec, a: &Allocation) -> Result<String, String> {
+pub fn check_allocation(
+    inv: &Inventory,
+    spec: &WorkloadSpec,
+    a: &Allocation,
+) -> Result<String, String> {
     let id = spec.id;
-    let cluster = inv
-        .clusters
-        .get(a.cluster as usize)
-        .ok_or(format!("workload {id}: unknown cluster index {}", a.cluster))?;
+    let cluster = inv.clusters.get(a.cluster as usize).ok_or(format!(
+        "workload {id}: unknown cluster index {}",
+        a.cluster
+    ))?;
     if a.replicas.len() != spec.replicas as usize {
         return Err(format!(
             "workload {id}: {} replicas allocated, gang of {} (not all-or-nothing)",
@@ -324,7 +341,9 @@ pub fn check_allocation(inv: &Inventory, spec: &WorkloadSpec, a: &Allocation) ->
         }
         let nodes: BTreeSet<u32> = shards.iter().map(|s| s.node).collect();
         if !spec.allow_spread && nodes.len() != 1 {
-            return Err(format!("workload {id}: non-spread replica {r} spans nodes {nodes:?}"));
+            return Err(format!(
+                "workload {id}: non-spread replica {r} spans nodes {nodes:?}"
+            ));
         }
         let mut seen = BTreeSet::new();
         for s in shards {
@@ -342,7 +361,10 @@ pub fn check_allocation(inv: &Inventory, spec: &WorkloadSpec, a: &Allocation) ->
                 return Err(format!("workload {id}: shard of {} milli", s.milli.0));
             }
             if !seen.insert((s.node, s.gpu)) {
-                return Err(format!("workload {id}: GPU {}/{} twice in one replica", s.node, s.gpu));
+                return Err(format!(
+                    "workload {id}: GPU {}/{} twice in one replica",
+                    s.node, s.gpu
+                ));
             }
             if *model.get_or_insert(&node.gpu_model) != node.gpu_model {
                 return Err(format!("workload {id}: mixed GPU models"));
@@ -364,7 +386,8 @@ pub fn recompute_allocated(inv: &Inventory, s: &State) -> Result<BTreeMap<GpuKey
     for r in s.running() {
         check_allocation(inv, &r.spec, &r.allocation)?;
         for sh in r.allocation.shards() {
-            *out.entry((r.allocation.cluster, sh.node, sh.gpu)).or_default() += sh.milli.0;
+            *out.entry((r.allocation.cluster, sh.node, sh.gpu))
+                .or_default() += sh.milli.0;
         }
     }
     Ok(out)
@@ -380,10 +403,18 @@ pub fn check_state(inv: &Inventory, s: &State) -> Result<(), String> {
         for (ni, n) in c.nodes.iter().enumerate() {
             let have = s.node_allocated(ci as u32, ni as u32);
             if have.len() != n.gpu_count as usize {
-                return Err(format!("{}/{}: {} GPUs reported", c.name, n.name, have.len()));
+                return Err(format!(
+                    "{}/{}: {} GPUs reported",
+                    c.name,
+                    n.name,
+                    have.len()
+                ));
             }
             for (gi, m) in have.iter().enumerate() {
-                let want = alloc.get(&(ci as u32, ni as u32, gi as u32)).copied().unwrap_or(0);
+                let want = alloc
+                    .get(&(ci as u32, ni as u32, gi as u32))
+                    .copied()
+                    .unwrap_or(0);
                 if want > MILLI_PER_GPU {
                     return Err(format!(
                         "{}/{} GPU {gi} over-committed: {want} milli",
@@ -401,14 +432,19 @@ pub fn check_state(inv: &Inventory, s: &State) -> Result<(), String> {
         }
     }
     if s.allocated().0 != total {
-        return Err(format!("allocated() {} != recomputed {total}", s.allocated().0));
+        return Err(format!(
+            "allocated() {} != recomputed {total}",
+            s.allocated().0
+        ));
     }
     let policy = s.policy();
     let mut used: BTreeMap<(String, String), Milli> = BTreeMap::new();
     for r in s.running() {
         let model = model_of(inv, r.allocation.cluster, r.allocation.replicas[0][0].node).unwrap();
-        let (q, _, _) = quota_of(policy, &r.spec.team, model)
-            .ok_or(format!("workload {} runs on {model} without quota", r.spec.id))?;
+        let (q, _, _) = quota_of(policy, &r.spec.team, model).ok_or(format!(
+            "workload {} runs on {model} without quota",
+            r.spec.id
+        ))?;
         *used.entry((r.spec.team.clone(), q)).or_default() += r.spec.total_gpus();
     }
     for tu in s.team_usage() {
@@ -467,16 +503,20 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
     let mut placed: BTreeMap<WorkloadId, usize> = BTreeMap::new();
     let mut placed_model: BTreeMap<WorkloadId, String> = BTreeMap::new();
     for (i, p) in d.placements.iter().enumerate() {
-        let spec = pre
-            .pending_spec(p.workload)
-            .ok_or(format!("placement of workload {} that is not pending", p.workload))?;
+        let spec = pre.pending_spec(p.workload).ok_or(format!(
+            "placement of workload {} that is not pending",
+            p.workload
+        ))?;
         if placed.insert(p.workload, i).is_some() {
             return Err(format!("workload {} placed twice in one cycle", p.workload));
         }
         let model = check_allocation(inv, spec, &p.allocation)?;
         let cluster = &inv.clusters[p.allocation.cluster as usize];
         if !cluster.schedulable {
-            return Err(format!("workload {} placed on unschedulable {}", spec.id, cluster.name));
+            return Err(format!(
+                "workload {} placed on unschedulable {}",
+                spec.id, cluster.name
+            ));
         }
         if !spec.regions.is_empty() && !spec.regions.contains(&cluster.region) {
             return Err(format!(
@@ -485,7 +525,10 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
             ));
         }
         if quota_of(policy, &spec.team, &model).is_none() {
-            return Err(format!("workload {} placed on {model} without quota", spec.id));
+            return Err(format!(
+                "workload {} placed on {model} without quota",
+                spec.id
+            ));
         }
         placed_model.insert(p.workload, model);
     }
@@ -494,9 +537,10 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
     // always for a placement that waits for them.
     let mut victims: BTreeMap<WorkloadId, usize> = BTreeMap::new();
     for (i, e) in d.preemptions.iter().enumerate() {
-        let r = pre
-            .running_workload(e.workload)
-            .ok_or(format!("preemption of workload {} that is not running", e.workload))?;
+        let r = pre.running_workload(e.workload).ok_or(format!(
+            "preemption of workload {} that is not running",
+            e.workload
+        ))?;
         if victims.insert(e.workload, i).is_some() {
             return Err(format!("workload {} preempted twice", e.workload));
         }
@@ -508,7 +552,10 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
             ));
         }
         if e.grace_period_s != vc.grace_period_s {
-            return Err(format!("preemption of {}: grace {} != class's", e.workload, e.grace_period_s));
+            return Err(format!(
+                "preemption of {}: grace {} != class's",
+                e.workload, e.grace_period_s
+            ));
         }
         let Some(&pi) = placed.get(&e.for_workload) else {
             return Err(format!(
@@ -525,7 +572,10 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
         let preemptor = pre.pending_spec(e.for_workload).unwrap();
         let pc = &policy.priority_classes[&preemptor.priority_class];
         if pc.idle_only {
-            return Err(format!("idle-only workload {} preempted {}", preemptor.id, e.workload));
+            return Err(format!(
+                "idle-only workload {} preempted {}",
+                preemptor.id, e.workload
+            ));
         }
     }
     for p in &d.placements {
@@ -589,9 +639,14 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
         let model = &placed_model[&p.workload];
         let (q, g, limit) = quota_of(policy, &spec.team, model).unwrap();
         let mut reclaimed = false;
-        for e in d.preemptions.iter().filter(|e| e.for_workload == p.workload) {
+        for e in d
+            .preemptions
+            .iter()
+            .filter(|e| e.for_workload == p.workload)
+        {
             let v = pre.running_workload(e.workload).unwrap();
-            let vmodel = model_of(inv, v.allocation.cluster, v.allocation.replicas[0][0].node).unwrap();
+            let vmodel =
+                model_of(inv, v.allocation.cluster, v.allocation.replicas[0][0].node).unwrap();
             let (vq, vg, _) = quota_of(policy, &v.spec.team, vmodel).unwrap();
             let vu = usage.get_mut(&(v.spec.team.clone(), vq.clone())).unwrap();
             *vu = vu.saturating_sub(v.spec.total_gpus());
@@ -601,8 +656,13 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
                     victim_class,
                     preemptor_class,
                 } => {
-                    if *victim_class != v.spec.priority_class || *preemptor_class != spec.priority_class {
-                        return Err(format!("preemption of {}: wrong classes in {:?}", v.spec.id, e.reason));
+                    if *victim_class != v.spec.priority_class
+                        || *preemptor_class != spec.priority_class
+                    {
+                        return Err(format!(
+                            "preemption of {}: wrong classes in {:?}",
+                            v.spec.id, e.reason
+                        ));
                     }
                     let vc = &policy.priority_classes[victim_class];
                     if !vc.preemptible_by.contains(preemptor_class) {
@@ -623,10 +683,16 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
                         || *gpu_class != q
                         || *guaranteed != g
                     {
-                        return Err(format!("preemption of {}: wrong fields in {:?}", v.spec.id, e.reason));
+                        return Err(format!(
+                            "preemption of {}: wrong fields in {:?}",
+                            v.spec.id, e.reason
+                        ));
                     }
                     if v.spec.team == spec.team {
-                        return Err(format!("team {} reclaimed from itself ({})", spec.team, v.spec.id));
+                        return Err(format!(
+                            "team {} reclaimed from itself ({})",
+                            spec.team, v.spec.id
+                        ));
                     }
                     if vu < vg {
                         return Err(format!(
@@ -702,7 +768,8 @@ pub fn check_no_missed_room(inv: &Inventory, pre: &State, d: &Decisions) -> Resu
     let mut by_gpu: BTreeMap<GpuKey, Vec<Victim>> = BTreeMap::new();
     for r in pre.running() {
         if preempted.contains(&r.spec.id) {
-            let model = model_of(inv, r.allocation.cluster, r.allocation.replicas[0][0].node).unwrap();
+            let model =
+                model_of(inv, r.allocation.cluster, r.allocation.replicas[0][0].node).unwrap();
             let (q, _, _) = quota_of(policy, &r.spec.team, model).unwrap();
             let u = used_lo.get_mut(&(r.spec.team.clone(), q)).unwrap();
             *u = u.saturating_sub(r.spec.total_gpus());
@@ -762,7 +829,10 @@ pub fn check_no_missed_room(inv: &Inventory, pre: &State, d: &Decisions) -> Resu
                             }
                         }
                     }
-                    assert!(eligible.len() <= 8, "too many shards on one GPU to enumerate");
+                    assert!(
+                        eligible.len() <= 8,
+                        "too many shards on one GPU to enumerate"
+                    );
                     for mask in 0u32..(1 << eligible.len()) {
                         let chosen: Vec<&(&Victim, bool)> = eligible
                             .iter()
@@ -778,8 +848,9 @@ pub fn check_no_missed_room(inv: &Inventory, pre: &State, d: &Decisions) -> Resu
                         // above their guarantee after losing every chosen one.
                         let mut taken: BTreeMap<(String, String), Milli> = BTreeMap::new();
                         for (v, _) in &chosen {
-                            *taken.entry((v.spec.team.clone(), v.quota.0.clone())).or_default() +=
-                                v.spec.total_gpus();
+                            *taken
+                                .entry((v.spec.team.clone(), v.quota.0.clone()))
+                                .or_default() += v.spec.total_gpus();
                         }
                         let ok = chosen.iter().all(|(v, by_priority)| {
                             *by_priority || {
@@ -789,7 +860,8 @@ pub fn check_no_missed_room(inv: &Inventory, pre: &State, d: &Decisions) -> Resu
                             }
                         });
                         if ok {
-                            let ids: Vec<WorkloadId> = chosen.iter().map(|(v, _)| v.spec.id).collect();
+                            let ids: Vec<WorkloadId> =
+                                chosen.iter().map(|(v, _)| v.spec.id).collect();
                             return Err(format!(
                                 "workload {} ({} GPU, team {}, class {}) left pending although {}/{} GPU {gi} \
                                  has {free} milli free and preempting {ids:?} would free enough (reclaim allowed: {reclaim}); \
@@ -800,7 +872,10 @@ pub fn check_no_missed_room(inv: &Inventory, pre: &State, d: &Decisions) -> Resu
                                 w.priority_class,
                                 c.name,
                                 n.name,
-                                d.pending.iter().find(|(id, _)| *id == w.id).map(|(_, r)| r.to_string())
+                                d.pending
+                                    .iter()
+                                    .find(|(id, _)| *id == w.id)
+                                    .map(|(_, r)| r.to_string())
                             ));
                         }
                     }

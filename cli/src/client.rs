@@ -1,0 +1,358 @@
+//! Typed HTTP client for the hub's `/api/v1` JSON API, with errors that say
+//! whether the hub refused the request, failed, or could not be reached.
+
+use std::time::Duration;
+
+use axle_proto::api::{
+    ApiError, ClusterView, EventView, LogsView, SubmitRequest, TeamView, WorkloadView,
+};
+use reqwest::{Method, StatusCode, Url};
+use serde::de::DeserializeOwned;
+
+/// Time to open a TCP connection: the hub is usually near (same host or
+/// region); a few seconds separates "slow" from "not there".
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Whole-request limit: every API call is a small in-memory read or write on
+/// the hub; 30 s only trips when the hub is wedged.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Retries of a submit after a transport error (the brief's "up to 3"). Safe
+/// because every retry carries the same idempotency key.
+const SUBMIT_RETRIES: u32 = 3;
+/// First backoff before a submit retry, doubled each time (250+500+1000 ms):
+/// long enough to ride out a hub restart's listen gap, short for a human.
+const SUBMIT_RETRY_BACKOFF: Duration = Duration::from_millis(250);
+
+/// Why a hub call failed; [`ClientError::exit_code`] maps it to the CLI's
+/// documented exit codes.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// 4xx: the request is wrong (bad field, unknown team, no such workload).
+    #[error("{}", api_error_text(body))]
+    Refused { status: u16, body: ApiError },
+    /// No HTTP answer at all: connection refused, reset, DNS, timeout.
+    #[error("cannot reach the hub at {hub}: {reason}")]
+    Unreachable { hub: String, reason: String },
+    /// 5xx: the hub failed while handling a valid request.
+    #[error("the hub failed (HTTP {status}): {}", api_error_text(body))]
+    Server { status: u16, body: ApiError },
+    /// An answer that is not what the API promises (wrong JSON shape).
+    #[error("unexpected answer from the hub to {what}: {reason}")]
+    Protocol { what: String, reason: String },
+}
+
+impl ClientError {
+    /// 1 when the hub refused the request; 3 when it cannot be reached or failed.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ClientError::Refused { .. } => crate::exit::REFUSED_OR_FAILED,
+            ClientError::Unreachable { .. }
+            | ClientError::Server { .. }
+            | ClientError::Protocol { .. } => crate::exit::HUB_UNAVAILABLE,
+        }
+    }
+}
+
+/// `error` plus `(field: x)` when the hub names the field at fault.
+pub fn api_error_text(e: &ApiError) -> String {
+    match &e.field {
+        Some(f) => format!("{} (field: {f})", e.error),
+        None => e.error.clone(),
+    }
+}
+
+/// The error body of a 4xx/5xx: an [`ApiError`] when the hub sent one, else the
+/// raw text (e.g. a framework rejection) so nothing is hidden.
+fn error_body(status: StatusCode, text: &str) -> ApiError {
+    if let Ok(e) = serde_json::from_str::<ApiError>(text) {
+        return e;
+    }
+    let text = text.trim();
+    let error = if text.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        format!("{text} (HTTP {status})")
+    };
+    ApiError { error, field: None }
+}
+
+/// A transport error as its root cause ("Connection refused (os error 111)");
+/// reqwest's own top line repeats the URL the message already names.
+fn transport_reason(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        return format!("no answer within {}s", REQUEST_TIMEOUT.as_secs());
+    }
+    let mut root: &dyn std::error::Error = e;
+    while let Some(s) = root.source() {
+        root = s;
+    }
+    root.to_string()
+}
+
+/// reqwest is built with `rustls-no-provider`: without a process-wide
+/// provider, building a client panics. Idempotent (a second install is a no-op).
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Filters of `GET /api/v1/workloads`.
+#[derive(Debug, Clone, Default)]
+pub struct WorkloadFilter {
+    pub team: Option<String>,
+    pub state: Option<String>,
+    pub cluster: Option<String>,
+}
+
+/// The answer to a submit.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub view: WorkloadView,
+    /// False when the hub answered 200: the idempotency key matched an
+    /// earlier submit and this is that workload.
+    pub created: bool,
+}
+
+/// One hub. Cheap to clone: clones share the connection pool.
+#[derive(Clone)]
+pub struct Client {
+    base: Url,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// `base` is the hub URL, e.g. `http://127.0.0.1:7070`.
+    pub fn new(base: &str) -> anyhow::Result<Client> {
+        install_crypto_provider();
+        let mut base = Url::parse(base.trim())
+            .map_err(|e| anyhow::anyhow!("invalid hub URL {base:?}: {e}"))?;
+        if !matches!(base.scheme(), "http" | "https") {
+            anyhow::bail!("invalid hub URL {base}: the scheme must be http or https");
+        }
+        // `Url::join` replaces the last path segment unless the path ends in '/'.
+        if !base.path().ends_with('/') {
+            let path = format!("{}/", base.path());
+            base.set_path(&path);
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .user_agent(concat!("axle-cli/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| anyhow::anyhow!("cannot build the HTTP client: {e}"))?;
+        Ok(Client { base, http })
+    }
+
+    /// The hub URL, for messages.
+    pub fn hub(&self) -> &str {
+        self.base.as_str().trim_end_matches('/')
+    }
+
+    fn url(&self, path: &str, query: &[(&str, String)]) -> Url {
+        let mut url = self
+            .base
+            .join(path)
+            .expect("API paths are relative and valid");
+        if !query.is_empty() {
+            let mut pairs = url.query_pairs_mut();
+            for (k, v) in query {
+                pairs.append_pair(k, v);
+            }
+        }
+        url
+    }
+
+    /// Sends one request; decodes a 2xx body as `T`, anything else as an error.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<&SubmitRequest>,
+    ) -> Result<(StatusCode, T), ClientError> {
+        let what = format!("{method} {}", url.path());
+        let mut req = self.http.request(method, url);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let resp = req.send().await.map_err(|e| ClientError::Unreachable {
+            hub: self.hub().to_string(),
+            reason: transport_reason(&e),
+        })?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| ClientError::Unreachable {
+            hub: self.hub().to_string(),
+            reason: transport_reason(&e),
+        })?;
+        if status.is_success() {
+            let value = serde_json::from_str(&text).map_err(|e| ClientError::Protocol {
+                what,
+                reason: e.to_string(),
+            })?;
+            Ok((status, value))
+        } else if status.is_client_error() {
+            Err(ClientError::Refused {
+                status: status.as_u16(),
+                body: error_body(status, &text),
+            })
+        } else {
+            Err(ClientError::Server {
+                status: status.as_u16(),
+                body: error_body(status, &text),
+            })
+        }
+    }
+
+    async fn get<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<T, ClientError> {
+        let url = self.url(path, query);
+        self.call(Method::GET, url, None).await.map(|(_, v)| v)
+    }
+
+    /// `POST /api/v1/workloads`. With an idempotency key, a transport error is
+    /// retried (same key, so at most one workload results).
+    pub async fn submit(&self, req: &SubmitRequest) -> Result<Submitted, ClientError> {
+        let retries = if req.idempotency_key.is_some() {
+            SUBMIT_RETRIES
+        } else {
+            0
+        };
+        let mut backoff = SUBMIT_RETRY_BACKOFF;
+        let mut attempt = 0;
+        loop {
+            let url = self.url("api/v1/workloads", &[]);
+            match self
+                .call::<WorkloadView>(Method::POST, url, Some(req))
+                .await
+            {
+                Ok((status, view)) => {
+                    return Ok(Submitted {
+                        view,
+                        created: status == StatusCode::CREATED,
+                    });
+                }
+                Err(ClientError::Unreachable { .. }) if attempt < retries => {
+                    attempt += 1;
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// `GET /api/v1/workloads`, sorted by id.
+    pub async fn workloads(&self, f: &WorkloadFilter) -> Result<Vec<WorkloadView>, ClientError> {
+        let mut query = Vec::new();
+        if let Some(t) = &f.team {
+            query.push(("team", t.clone()));
+        }
+        if let Some(s) = &f.state {
+            query.push(("state", s.clone()));
+        }
+        if let Some(c) = &f.cluster {
+            query.push(("cluster", c.clone()));
+        }
+        self.get("api/v1/workloads", &query).await
+    }
+
+    /// `GET /api/v1/workloads/{id}`.
+    pub async fn workload(&self, id: u64) -> Result<WorkloadView, ClientError> {
+        self.get(&format!("api/v1/workloads/{id}"), &[]).await
+    }
+
+    /// `DELETE /api/v1/workloads/{id}`.
+    pub async fn cancel(&self, id: u64) -> Result<WorkloadView, ClientError> {
+        let url = self.url(&format!("api/v1/workloads/{id}"), &[]);
+        self.call(Method::DELETE, url, None).await.map(|(_, v)| v)
+    }
+
+    /// `GET /api/v1/workloads/{id}/logs?offset=N`.
+    pub async fn logs(&self, id: u64, offset: u64) -> Result<LogsView, ClientError> {
+        self.get(
+            &format!("api/v1/workloads/{id}/logs"),
+            &[("offset", offset.to_string())],
+        )
+        .await
+    }
+
+    /// `GET /api/v1/clusters`.
+    pub async fn clusters(&self) -> Result<Vec<ClusterView>, ClientError> {
+        self.get("api/v1/clusters", &[]).await
+    }
+
+    /// `GET /api/v1/teams`.
+    pub async fn teams(&self) -> Result<Vec<TeamView>, ClientError> {
+        self.get("api/v1/teams", &[]).await
+    }
+
+    /// `GET /api/v1/events?since=SEQ&limit=N`.
+    #[allow(dead_code)] // Part of the typed API; no command reads events yet.
+    pub async fn events(&self, since: u64, limit: u32) -> Result<Vec<EventView>, ClientError> {
+        self.get(
+            "api/v1/events",
+            &[("since", since.to_string()), ("limit", limit.to_string())],
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_body_prefers_api_error_json() {
+        let e = error_body(
+            StatusCode::BAD_REQUEST,
+            r#"{"error":"gpus must be positive","field":"gpus"}"#,
+        );
+        assert_eq!(api_error_text(&e), "gpus must be positive (field: gpus)");
+    }
+
+    #[test]
+    fn error_body_keeps_non_json_text() {
+        let e = error_body(StatusCode::UNPROCESSABLE_ENTITY, "missing field `team`\n");
+        assert_eq!(
+            e.error,
+            "missing field `team` (HTTP 422 Unprocessable Entity)"
+        );
+        let e = error_body(StatusCode::NOT_FOUND, "");
+        assert_eq!(e.error, "HTTP 404 Not Found");
+    }
+
+    #[test]
+    fn exit_codes_follow_the_contract() {
+        let api = ApiError {
+            error: "x".into(),
+            field: None,
+        };
+        let refused = ClientError::Refused {
+            status: 404,
+            body: api.clone(),
+        };
+        let server = ClientError::Server {
+            status: 500,
+            body: api,
+        };
+        let unreachable = ClientError::Unreachable {
+            hub: "h".into(),
+            reason: "r".into(),
+        };
+        assert_eq!(refused.exit_code(), 1);
+        assert_eq!(server.exit_code(), 3);
+        assert_eq!(unreachable.exit_code(), 3);
+    }
+
+    #[test]
+    fn urls_keep_a_base_path_and_encode_queries() {
+        let c = Client::new("http://hub.example:7070/prefix").unwrap();
+        let url = c.url("api/v1/workloads", &[("team", "a b&c".into())]);
+        assert_eq!(
+            url.as_str(),
+            "http://hub.example:7070/prefix/api/v1/workloads?team=a+b%26c"
+        );
+        assert!(Client::new("not a url").is_err());
+        assert!(Client::new("ftp://x").is_err());
+    }
+}

@@ -1,0 +1,330 @@
+//! `axle get workloads|clusters|teams`: tables, JSON or YAML, and `-w` to
+//! keep printing rows as they change.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use axle_proto::api::{ClusterView, TeamView, WorkloadView};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use crate::args::{ListFormat, ObjectFormat, parse_state, to_text};
+use crate::client::{Client, WorkloadFilter};
+use crate::exit::UsageError;
+use crate::table::{self, Row};
+use crate::workload_cmd::now_ms;
+
+/// `-w` polls at this period (the brief: every second); one small list
+/// request per second per watcher.
+const WATCH_PERIOD: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Resource {
+    #[value(alias = "workload", alias = "wl")]
+    Workloads,
+    #[value(alias = "cluster")]
+    Clusters,
+    #[value(alias = "team")]
+    Teams,
+}
+
+#[derive(Args)]
+pub struct GetArgs {
+    /// What to list.
+    #[arg(value_enum)]
+    resource: Resource,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = ListFormat::Table)]
+    output: ListFormat,
+    /// Keep polling every second and print rows that change, until Ctrl-C.
+    #[arg(short = 'w', long)]
+    watch: bool,
+    /// Only this team (workloads, teams).
+    #[arg(long)]
+    team: Option<String>,
+    /// Only this state: a workload state (Pending, Running, …) or a cluster
+    /// state (Ready, Lost, Declared).
+    #[arg(long)]
+    state: Option<String>,
+    /// Only this cluster (workloads, clusters).
+    #[arg(long)]
+    cluster: Option<String>,
+}
+
+/// What one poll returned.
+enum Snapshot {
+    Workloads(Vec<WorkloadView>),
+    Clusters(Vec<ClusterView>),
+    Teams(Vec<TeamView>),
+}
+
+/// Fields that change with the clock alone; `-w -o json|yaml` ignores them
+/// when deciding whether an object changed.
+const VOLATILE_FIELDS: &[&str] = &["last_heartbeat_ms"];
+
+impl Snapshot {
+    fn headers(&self) -> &'static [&'static str] {
+        match self {
+            Snapshot::Workloads(_) => table::WORKLOAD_HEADERS,
+            Snapshot::Clusters(_) => table::CLUSTER_HEADERS,
+            Snapshot::Teams(_) => table::TEAM_HEADERS,
+        }
+    }
+
+    fn volatile_columns(&self) -> &'static [usize] {
+        match self {
+            Snapshot::Workloads(_) => table::WORKLOAD_VOLATILE,
+            Snapshot::Clusters(_) => table::CLUSTER_VOLATILE,
+            Snapshot::Teams(_) => table::TEAM_VOLATILE,
+        }
+    }
+
+    fn rows(&self, now_ms: u64) -> Vec<Row> {
+        match self {
+            Snapshot::Workloads(ws) => table::workload_rows(ws, now_ms),
+            Snapshot::Clusters(cs) => table::cluster_rows(cs, now_ms),
+            Snapshot::Teams(ts) => table::teams_rows(ts),
+        }
+    }
+
+    fn table(&self, now_ms: u64) -> String {
+        match self {
+            Snapshot::Workloads(ws) => table::workloads_table(ws, now_ms),
+            Snapshot::Clusters(cs) => table::clusters_table(cs, now_ms),
+            Snapshot::Teams(ts) => table::teams_table(ts),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Snapshot::Workloads(v) => v.len(),
+            Snapshot::Clusters(v) => v.len(),
+            Snapshot::Teams(v) => v.len(),
+        }
+    }
+
+    /// Each object with its key, as JSON values.
+    fn items(&self) -> anyhow::Result<Vec<(String, serde_json::Value)>> {
+        fn each<T: Serialize>(
+            v: &[T],
+            key: impl Fn(&T) -> String,
+        ) -> anyhow::Result<Vec<(String, serde_json::Value)>> {
+            v.iter()
+                .map(|x| Ok((key(x), serde_json::to_value(x)?)))
+                .collect()
+        }
+        match self {
+            Snapshot::Workloads(v) => each(v, |w| w.id.to_string()),
+            Snapshot::Clusters(v) => each(v, |c| c.name.clone()),
+            Snapshot::Teams(v) => each(v, |t| t.name.clone()),
+        }
+    }
+
+    fn to_text(&self, format: ObjectFormat) -> anyhow::Result<String> {
+        match self {
+            Snapshot::Workloads(v) => to_text(v, format),
+            Snapshot::Clusters(v) => to_text(v, format),
+            Snapshot::Teams(v) => to_text(v, format),
+        }
+    }
+}
+
+/// Which filters apply to which resource; the rest are usage errors.
+fn check_filters(a: &GetArgs) -> Result<Option<String>, UsageError> {
+    let unsupported = |flag: &str| {
+        UsageError(format!(
+            "{flag} does not apply to {}",
+            match a.resource {
+                Resource::Workloads => "workloads",
+                Resource::Clusters => "clusters",
+                Resource::Teams => "teams",
+            }
+        ))
+    };
+    match a.resource {
+        Resource::Workloads => a
+            .state
+            .as_deref()
+            .map(parse_state)
+            .transpose()
+            .map_err(UsageError),
+        Resource::Clusters if a.team.is_some() => Err(unsupported("--team")),
+        Resource::Clusters => Ok(a.state.clone()),
+        Resource::Teams if a.state.is_some() => Err(unsupported("--state")),
+        Resource::Teams if a.cluster.is_some() => Err(unsupported("--cluster")),
+        Resource::Teams => Ok(None),
+    }
+}
+
+async fn fetch(client: &Client, a: &GetArgs, state: &Option<String>) -> anyhow::Result<Snapshot> {
+    Ok(match a.resource {
+        Resource::Workloads => {
+            let filter = WorkloadFilter {
+                team: a.team.clone(),
+                state: state.clone(),
+                cluster: a.cluster.clone(),
+            };
+            Snapshot::Workloads(client.workloads(&filter).await?)
+        }
+        Resource::Clusters => {
+            let mut cs = client.clusters().await?;
+            cs.retain(|c| {
+                a.cluster.as_ref().is_none_or(|n| &c.name == n)
+                    && state
+                        .as_ref()
+                        .is_none_or(|s| c.state.eq_ignore_ascii_case(s))
+            });
+            Snapshot::Clusters(cs)
+        }
+        Resource::Teams => {
+            let mut ts = client.teams().await?;
+            ts.retain(|t| a.team.as_ref().is_none_or(|n| &t.name == n));
+            Snapshot::Teams(ts)
+        }
+    })
+}
+
+fn structured(format: ListFormat) -> Option<ObjectFormat> {
+    match format {
+        ListFormat::Table => None,
+        ListFormat::Json => Some(ObjectFormat::Json),
+        ListFormat::Yaml => Some(ObjectFormat::Yaml),
+    }
+}
+
+pub async fn run(client: &Client, a: GetArgs) -> anyhow::Result<ExitCode> {
+    let state = check_filters(&a)?;
+    let snap = fetch(client, &a, &state).await?;
+    if !a.watch {
+        match structured(a.output) {
+            Some(format) => print!("{}", snap.to_text(format)?),
+            None if snap.len() == 0 => eprintln!("no {} found", resource_name(a.resource)),
+            None => print!("{}", snap.table(now_ms())),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    match structured(a.output) {
+        None => watch_table(client, &a, &state, snap).await,
+        Some(format) => watch_structured(client, &a, &state, snap, format).await,
+    }
+}
+
+fn resource_name(r: Resource) -> &'static str {
+    match r {
+        Resource::Workloads => "workloads",
+        Resource::Clusters => "clusters",
+        Resource::Teams => "teams",
+    }
+}
+
+/// Rows of this poll that differ from the previous poll (ignoring volatile
+/// columns), in table order; updates `seen`.
+pub fn changed_rows(
+    rows: Vec<Row>,
+    volatile: &[usize],
+    seen: &mut BTreeMap<String, Vec<String>>,
+) -> Vec<Row> {
+    let mut out = Vec::new();
+    for row in rows {
+        let stable = table::stable_cells(&row, volatile);
+        if seen.get(&row.key) != Some(&stable) {
+            seen.insert(row.key.clone(), stable);
+            out.push(row);
+        }
+    }
+    out
+}
+
+async fn watch_table(
+    client: &Client,
+    a: &GetArgs,
+    state: &Option<String>,
+    first: Snapshot,
+) -> anyhow::Result<ExitCode> {
+    let volatile = first.volatile_columns();
+    let rows = first.rows(now_ms());
+    let mut widths = table::widths(first.headers(), &rows);
+    println!("{}", table::render_line(first.headers(), &widths));
+    let mut seen = BTreeMap::new();
+    let mut ticker = tokio::time::interval(WATCH_PERIOD);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut snap = first;
+    loop {
+        for row in changed_rows(snap.rows(now_ms()), volatile, &mut seen) {
+            // Columns only ever widen, so later rows stay as aligned as they can.
+            table::grow_widths(&mut widths, &row.cells);
+            println!("{}", table::render_line(&row.cells, &widths));
+        }
+        ticker.tick().await;
+        snap = fetch(client, a, state).await?;
+    }
+}
+
+async fn watch_structured(
+    client: &Client,
+    a: &GetArgs,
+    state: &Option<String>,
+    first: Snapshot,
+    format: ObjectFormat,
+) -> anyhow::Result<ExitCode> {
+    let mut seen: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    let mut ticker = tokio::time::interval(WATCH_PERIOD);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut snap = first;
+    loop {
+        for (key, value) in snap.items()? {
+            let mut stable = value.clone();
+            if let Some(obj) = stable.as_object_mut() {
+                for f in VOLATILE_FIELDS {
+                    obj.remove(*f);
+                }
+            }
+            if seen.get(&key) != Some(&stable) {
+                seen.insert(key, stable);
+                if format == ObjectFormat::Yaml {
+                    println!("---");
+                }
+                print!("{}", to_text(&value, format)?);
+            }
+        }
+        ticker.tick().await;
+        snap = fetch(client, a, state).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::tests::{NOW_MS, running_workload, workload};
+
+    #[test]
+    fn watch_prints_new_and_changed_rows_only() {
+        let mut seen = BTreeMap::new();
+        let a = workload(1);
+        let b = running_workload(2);
+        let first = changed_rows(
+            table::workload_rows(&[a.clone(), b.clone()], NOW_MS),
+            table::WORKLOAD_VOLATILE,
+            &mut seen,
+        );
+        assert_eq!(first.len(), 2);
+        // A second later nothing but AGE moved: nothing to print.
+        let again = changed_rows(
+            table::workload_rows(&[a.clone(), b.clone()], NOW_MS + 1000),
+            table::WORKLOAD_VOLATILE,
+            &mut seen,
+        );
+        assert!(again.is_empty());
+        let mut b2 = b.clone();
+        b2.state = "Succeeded".into();
+        let c = workload(3);
+        let changed = changed_rows(
+            table::workload_rows(&[a, b2, c], NOW_MS + 2000),
+            table::WORKLOAD_VOLATILE,
+            &mut seen,
+        );
+        let keys: Vec<&str> = changed.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(keys, ["2", "3"]);
+    }
+}

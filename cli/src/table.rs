@@ -1,0 +1,573 @@
+//! kubectl-style aligned tables and value formatting: pure functions from API
+//! views (and a caller-supplied `now_ms`) to text.
+
+use axle_proto::api::{ClusterView, TeamView, WorkloadView};
+
+/// Spaces between columns (kubectl uses 3).
+const COLUMN_GAP: usize = 3;
+/// The REASON column is cut to this many characters so a pending reason never
+/// wraps a 120-column terminal on its own (the brief's "~60 chars").
+pub const REASON_MAX_CHARS: usize = 60;
+
+pub const WORKLOAD_HEADERS: &[&str] = &[
+    "ID", "NAME", "TEAM", "PRIORITY", "GPUS", "STATE", "CLUSTER", "AGE", "REASON",
+];
+/// Columns that change with the clock alone; `-w` ignores them when deciding
+/// whether a row changed.
+pub const WORKLOAD_VOLATILE: &[usize] = &[7];
+
+pub const CLUSTER_HEADERS: &[&str] = &[
+    "NAME",
+    "REGION",
+    "STATE",
+    "NODES",
+    "GPUS",
+    "ALLOCATED",
+    "RUNNING",
+    "HEARTBEAT",
+];
+pub const CLUSTER_VOLATILE: &[usize] = &[7];
+
+pub const TEAM_HEADERS: &[&str] = &[
+    "TEAM",
+    "CLASS",
+    "USED",
+    "GUARANTEED",
+    "LIMIT",
+    "BORROWED",
+    "PENDING",
+    "RUNNING",
+];
+pub const TEAM_VOLATILE: &[usize] = &[];
+
+/// A table row with the key that identifies it across polls (`-w`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub key: String,
+    pub cells: Vec<String>,
+}
+
+fn width(s: &str) -> usize {
+    s.chars().count()
+}
+
+/// Column widths: the widest cell (or header) of each column.
+pub fn widths(headers: &[&str], rows: &[Row]) -> Vec<usize> {
+    let mut w: Vec<usize> = headers.iter().map(|h| width(h)).collect();
+    for row in rows {
+        grow_widths(&mut w, &row.cells);
+    }
+    w
+}
+
+/// Widens `w` so `cells` fit.
+pub fn grow_widths(w: &mut Vec<usize>, cells: &[String]) {
+    if w.len() < cells.len() {
+        w.resize(cells.len(), 0);
+    }
+    for (i, c) in cells.iter().enumerate() {
+        w[i] = w[i].max(width(c));
+    }
+}
+
+/// One line: cells padded to `widths`, no trailing spaces, no newline.
+pub fn render_line<S: AsRef<str>>(cells: &[S], widths: &[usize]) -> String {
+    let mut out = String::new();
+    let last = cells.len().saturating_sub(1);
+    for (i, c) in cells.iter().enumerate() {
+        let c = c.as_ref();
+        out.push_str(c);
+        if i < last {
+            let w = widths.get(i).copied().unwrap_or(0);
+            let pad = w.saturating_sub(width(c)) + COLUMN_GAP;
+            out.extend(std::iter::repeat_n(' ', pad));
+        }
+    }
+    out
+}
+
+/// Header plus rows, each line ending in '\n'.
+pub fn render(headers: &[&str], rows: &[Row]) -> String {
+    let w = widths(headers, rows);
+    let mut out = render_line(headers, &w);
+    out.push('\n');
+    for row in rows {
+        out.push_str(&render_line(&row.cells, &w));
+        out.push('\n');
+    }
+    out
+}
+
+/// Cuts `s` to at most `max_chars` characters, ending in '…' when cut.
+pub fn truncate(s: &str, max_chars: usize) -> String {
+    if width(s) <= max_chars {
+        return s.to_string();
+    }
+    if max_chars == 0 {
+        return String::new();
+    }
+    let mut out: String = s.chars().take(max_chars - 1).collect();
+    out.push('…');
+    out
+}
+
+/// GPU counts: whole numbers bare ("2"), fractions with up to 3 decimals
+/// ("0.25", "1.333").
+pub fn fmt_gpus(g: f64) -> String {
+    if !g.is_finite() {
+        return g.to_string();
+    }
+    let s = format!("{g:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" { "0".into() } else { s.into() }
+}
+
+/// GPUs of a workload: per replica, then `xN` for a gang of N replicas.
+pub fn fmt_workload_gpus(w: &WorkloadView) -> String {
+    if w.gang > 1 {
+        format!("{}x{}", fmt_gpus(w.gpus), w.gang)
+    } else {
+        fmt_gpus(w.gpus)
+    }
+}
+
+/// kubectl-like age: "45s", "3m20s", "2h5m", "3d4h".
+pub fn fmt_age(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=599 => format!("{}m{}s", s / 60, s % 60),
+        600..=3599 => format!("{}m", s / 60),
+        3600..=86_399 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+/// Age of `at_ms` as seen at `now_ms` (0 if the hub's clock is ahead).
+pub fn age(now_ms: u64, at_ms: u64) -> String {
+    fmt_age(now_ms.saturating_sub(at_ms))
+}
+
+/// UTC wall time, "2025-03-01 14:05:09.123Z".
+pub fn fmt_timestamp(ms: u64) -> String {
+    let days = (ms / 86_400_000) as i64;
+    let rem = ms % 86_400_000;
+    let (y, m, d) = civil_from_days(days);
+    let (h, min, s, milli) = (
+        rem / 3_600_000,
+        (rem / 60_000) % 60,
+        (rem / 1000) % 60,
+        rem % 1000,
+    );
+    format!("{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{s:02}.{milli:03}Z")
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian
+/// (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn dash(v: Option<&str>) -> String {
+    v.filter(|s| !s.is_empty()).unwrap_or("-").to_string()
+}
+
+pub fn workload_row(w: &WorkloadView, now_ms: u64) -> Row {
+    let reason = w
+        .pending_reason
+        .as_deref()
+        .map(|r| truncate(r, REASON_MAX_CHARS));
+    Row {
+        key: w.id.to_string(),
+        cells: vec![
+            w.id.to_string(),
+            w.name.clone(),
+            w.team.clone(),
+            w.priority.clone(),
+            fmt_workload_gpus(w),
+            w.state.clone(),
+            dash(w.cluster.as_deref()),
+            age(now_ms, w.submitted_at_ms),
+            dash(reason.as_deref()),
+        ],
+    }
+}
+
+pub fn workload_rows(ws: &[WorkloadView], now_ms: u64) -> Vec<Row> {
+    ws.iter().map(|w| workload_row(w, now_ms)).collect()
+}
+
+pub fn workloads_table(ws: &[WorkloadView], now_ms: u64) -> String {
+    render(WORKLOAD_HEADERS, &workload_rows(ws, now_ms))
+}
+
+pub fn cluster_row(c: &ClusterView, now_ms: u64) -> Row {
+    let allocated = if c.gpus_total > 0.0 {
+        format!(
+            "{} ({:.0}%)",
+            fmt_gpus(c.gpus_allocated),
+            100.0 * c.gpus_allocated / c.gpus_total
+        )
+    } else {
+        fmt_gpus(c.gpus_allocated)
+    };
+    let heartbeat = match c.last_heartbeat_ms {
+        Some(at) => format!("{} ago", age(now_ms, at)),
+        None => "never".to_string(),
+    };
+    Row {
+        key: c.name.clone(),
+        cells: vec![
+            c.name.clone(),
+            c.region.clone(),
+            c.state.clone(),
+            c.nodes.len().to_string(),
+            fmt_gpus(c.gpus_total),
+            allocated,
+            c.running_workloads.to_string(),
+            heartbeat,
+        ],
+    }
+}
+
+pub fn cluster_rows(cs: &[ClusterView], now_ms: u64) -> Vec<Row> {
+    cs.iter().map(|c| cluster_row(c, now_ms)).collect()
+}
+
+pub fn clusters_table(cs: &[ClusterView], now_ms: u64) -> String {
+    render(CLUSTER_HEADERS, &cluster_rows(cs, now_ms))
+}
+
+/// One row per quota class; a team without quotas still gets a row.
+pub fn team_rows(t: &TeamView) -> Vec<Row> {
+    let counts = [t.pending.to_string(), t.running.to_string()];
+    if t.quotas.is_empty() {
+        let mut cells = vec![t.name.clone()];
+        cells.extend(["-", "0", "0", "0", "0"].map(String::from));
+        cells.extend(counts);
+        return vec![Row {
+            key: t.name.clone(),
+            cells,
+        }];
+    }
+    t.quotas
+        .iter()
+        .map(|q| {
+            let mut cells = vec![
+                t.name.clone(),
+                q.gpu_class.clone(),
+                fmt_gpus(q.used),
+                fmt_gpus(q.guaranteed),
+                fmt_gpus(q.limit),
+                fmt_gpus(q.borrowed),
+            ];
+            cells.extend(counts.iter().cloned());
+            Row {
+                key: format!("{}/{}", t.name, q.gpu_class),
+                cells,
+            }
+        })
+        .collect()
+}
+
+pub fn teams_rows(ts: &[TeamView]) -> Vec<Row> {
+    ts.iter().flat_map(team_rows).collect()
+}
+
+pub fn teams_table(ts: &[TeamView]) -> String {
+    render(TEAM_HEADERS, &teams_rows(ts))
+}
+
+/// The cells `-w` compares: volatile columns blanked.
+pub fn stable_cells(row: &Row, volatile: &[usize]) -> Vec<String> {
+    row.cells
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            if volatile.contains(&i) {
+                String::new()
+            } else {
+                c.clone()
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use axle_proto::api::{GpuShareView, NodeView, QuotaView, ReplicaView, TransitionView};
+
+    pub(crate) const NOW_MS: u64 = 1_700_000_100_000;
+
+    pub(crate) fn workload(id: u64) -> WorkloadView {
+        WorkloadView {
+            id,
+            name: format!("w-{id}"),
+            team: "vision".into(),
+            priority: "development".into(),
+            gpus: 0.25,
+            gang: 1,
+            gpu_model: Some("H100".into()),
+            command: vec![
+                "python".into(),
+                "train.py".into(),
+                "--lr".into(),
+                "3e-4".into(),
+            ],
+            state: "Pending".into(),
+            pending_reason: None,
+            cluster: None,
+            replicas: vec![],
+            epoch: 0,
+            submitted_at_ms: NOW_MS - 45_000,
+            started_at_ms: None,
+            finished_at_ms: None,
+            exit_code: None,
+            preemptions: 0,
+            history: vec![],
+        }
+    }
+
+    pub(crate) fn running_workload(id: u64) -> WorkloadView {
+        let mut w = workload(id);
+        w.state = "Running".into();
+        w.gang = 2;
+        w.gpus = 1.0;
+        w.cluster = Some("gpu-east-1".into());
+        w.epoch = 1;
+        w.replicas = vec![
+            ReplicaView {
+                node: "node-a".into(),
+                gpus: vec![GpuShareView {
+                    index: 0,
+                    fraction: 1.0,
+                }],
+            },
+            ReplicaView {
+                node: "node-b".into(),
+                gpus: vec![
+                    GpuShareView {
+                        index: 2,
+                        fraction: 0.5,
+                    },
+                    GpuShareView {
+                        index: 3,
+                        fraction: 0.5,
+                    },
+                ],
+            },
+        ];
+        w.started_at_ms = Some(NOW_MS - 40_000);
+        w.history = vec![
+            TransitionView {
+                at_ms: NOW_MS - 44_000,
+                from: "Pending".into(),
+                to: "Placed".into(),
+                reason: "placed on gpu-east-1".into(),
+            },
+            TransitionView {
+                at_ms: NOW_MS - 40_000,
+                from: "Placed".into(),
+                to: "Running".into(),
+                reason: "started".into(),
+            },
+        ];
+        w
+    }
+
+    #[test]
+    fn columns_are_aligned_without_trailing_spaces() {
+        let mut a = workload(7);
+        a.pending_reason = Some("team vision is at its limit of 16 H100".into());
+        let b = running_workload(12345);
+        let out = workloads_table(&[a, b], NOW_MS);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(
+            lines[0],
+            "ID      NAME      TEAM     PRIORITY      GPUS   STATE     CLUSTER      AGE   REASON"
+        );
+        assert_eq!(
+            lines[1],
+            "7       w-7       vision   development   0.25   Pending   -            45s   team vision is at its limit of 16 H100"
+        );
+        assert_eq!(
+            lines[2],
+            "12345   w-12345   vision   development   1x2    Running   gpu-east-1   45s   -"
+        );
+        // Every column starts at the same character offset on every line.
+        for header in ["NAME", "STATE", "REASON"] {
+            let col = lines[0].find(header).unwrap();
+            for l in &lines[1..] {
+                let prefix: String = l.chars().take(col).collect();
+                assert!(prefix.ends_with("   "), "{header} misaligned in {l:?}");
+            }
+        }
+        assert!(out.lines().all(|l| !l.ends_with(' ')));
+    }
+
+    #[test]
+    fn long_reasons_are_truncated_to_the_limit() {
+        let mut w = workload(1);
+        w.pending_reason = Some("x".repeat(200));
+        let row = workload_row(&w, NOW_MS);
+        let reason = row.cells.last().unwrap();
+        assert_eq!(reason.chars().count(), REASON_MAX_CHARS);
+        assert!(reason.ends_with('…'));
+        assert_eq!(truncate("short", 60), "short");
+        assert_eq!(truncate("abcdef", 4), "abc…");
+        assert_eq!(truncate("ééééé", 5), "ééééé");
+        assert_eq!(truncate("abc", 0), "");
+    }
+
+    #[test]
+    fn alignment_counts_characters_not_bytes() {
+        let rows = vec![
+            Row {
+                key: "a".into(),
+                cells: vec!["é…".into(), "x".into()],
+            },
+            Row {
+                key: "b".into(),
+                cells: vec!["abc".into(), "y".into()],
+            },
+        ];
+        let out = render(&["N", "V"], &rows);
+        assert_eq!(out, "N     V\né…    x\nabc   y\n");
+    }
+
+    #[test]
+    fn gpu_numbers_are_short() {
+        assert_eq!(fmt_gpus(2.0), "2");
+        assert_eq!(fmt_gpus(0.25), "0.25");
+        assert_eq!(fmt_gpus(0.5), "0.5");
+        assert_eq!(fmt_gpus(4.0 / 3.0), "1.333");
+        assert_eq!(fmt_gpus(0.0), "0");
+        assert_eq!(fmt_gpus(16.0), "16");
+    }
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        assert_eq!(fmt_age(0), "0s");
+        assert_eq!(fmt_age(45_999), "45s");
+        assert_eq!(fmt_age(200_000), "3m20s");
+        assert_eq!(fmt_age(30 * 60_000), "30m");
+        assert_eq!(fmt_age(3_900_000), "1h5m");
+        assert_eq!(fmt_age(3 * 86_400_000 + 4 * 3_600_000), "3d4h");
+        assert_eq!(age(1000, 5000), "0s");
+    }
+
+    #[test]
+    fn timestamps_are_utc() {
+        assert_eq!(fmt_timestamp(0), "1970-01-01 00:00:00.000Z");
+        // 2024-02-29 12:34:56.789 UTC (a leap day).
+        assert_eq!(fmt_timestamp(1_709_210_096_789), "2024-02-29 12:34:56.789Z");
+        assert_eq!(fmt_timestamp(1_700_000_000_000), "2023-11-14 22:13:20.000Z");
+    }
+
+    #[test]
+    fn clusters_show_allocation_and_heartbeat() {
+        let c = ClusterView {
+            name: "gpu-east-1".into(),
+            region: "us-east".into(),
+            state: "Ready".into(),
+            labels: Default::default(),
+            nodes: vec![NodeView {
+                name: "n1".into(),
+                gpus: vec![],
+            }],
+            gpus_total: 8.0,
+            gpus_allocated: 2.5,
+            running_workloads: 3,
+            last_heartbeat_ms: Some(NOW_MS - 2_000),
+        };
+        let mut declared = c.clone();
+        declared.name = "gpu-west".into();
+        declared.state = "Declared".into();
+        declared.nodes.clear();
+        declared.gpus_total = 0.0;
+        declared.gpus_allocated = 0.0;
+        declared.running_workloads = 0;
+        declared.last_heartbeat_ms = None;
+        let out = clusters_table(&[c, declared], NOW_MS);
+        assert_eq!(
+            out,
+            "NAME         REGION    STATE      NODES   GPUS   ALLOCATED   RUNNING   HEARTBEAT\n\
+             gpu-east-1   us-east   Ready      1       8      2.5 (31%)   3         2s ago\n\
+             gpu-west     us-east   Declared   0       0      0           0         never\n"
+        );
+    }
+
+    #[test]
+    fn teams_have_one_row_per_class_and_show_borrowing() {
+        let t = TeamView {
+            name: "vision".into(),
+            weight: 1.0,
+            quotas: vec![
+                QuotaView {
+                    gpu_class: "H100".into(),
+                    used: 20.0,
+                    guaranteed: 16.0,
+                    limit: 32.0,
+                    borrowed: 4.0,
+                },
+                QuotaView {
+                    gpu_class: "L4".into(),
+                    used: 0.5,
+                    guaranteed: 4.0,
+                    limit: 8.0,
+                    borrowed: 0.0,
+                },
+            ],
+            pending: 3,
+            running: 9,
+            burst_budget_usd_per_month: 0.0,
+        };
+        let empty = TeamView {
+            name: "nlp".into(),
+            weight: 1.0,
+            quotas: vec![],
+            pending: 0,
+            running: 0,
+            burst_budget_usd_per_month: 0.0,
+        };
+        let out = teams_table(&[t, empty]);
+        assert_eq!(
+            out,
+            "TEAM     CLASS   USED   GUARANTEED   LIMIT   BORROWED   PENDING   RUNNING\n\
+             vision   H100    20     16           32      4          3         9\n\
+             vision   L4      0.5    4            8       0          3         9\n\
+             nlp      -       0      0            0       0          0         0\n"
+        );
+        let keys: Vec<String> = teams_rows(&[]).into_iter().map(|r| r.key).collect();
+        assert!(keys.is_empty());
+    }
+
+    #[test]
+    fn watch_ignores_volatile_columns() {
+        let w = running_workload(3);
+        let earlier = workload_row(&w, NOW_MS);
+        let later = workload_row(&w, NOW_MS + 60_000);
+        assert_ne!(earlier, later);
+        assert_eq!(
+            stable_cells(&earlier, WORKLOAD_VOLATILE),
+            stable_cells(&later, WORKLOAD_VOLATILE)
+        );
+        let mut done = w.clone();
+        done.state = "Succeeded".into();
+        assert_ne!(
+            stable_cells(&earlier, WORKLOAD_VOLATILE),
+            stable_cells(&workload_row(&done, NOW_MS), WORKLOAD_VOLATILE)
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! The HTTP/JSON API of the hub (`/api/v1/...`): request and response bodies,
+//! shared by the hub (serves them) and the `axle` CLI (reads them).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// `POST /api/v1/workloads`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    pub team: String,
+    /// Defaults to `w-<id>`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Program and arguments, run without a shell.
+    pub command: Vec<String>,
+    /// GPUs per replica: a fraction (0.25, 0.5, …) or a whole number.
+    pub gpus: f64,
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+    /// Priority class; defaults to the policy's `defaultPriorityClass`.
+    #[serde(default)]
+    pub priority: Option<String>,
+    /// Gang size: replicas that start together or not at all (default 1).
+    #[serde(default)]
+    pub gang: Option<u32>,
+    #[serde(default)]
+    pub regions: Vec<String>,
+    #[serde(default)]
+    pub allow_spread: bool,
+    #[serde(default)]
+    pub burst_allowed: bool,
+    /// Client-chosen key: a retried submit with the same key returns the
+    /// first workload instead of creating another.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub max_runtime_s: Option<u64>,
+}
+
+/// Workload lifecycle states as the API names them.
+pub const STATES: &[&str] = &[
+    "Pending",
+    "Placed",
+    "Running",
+    "Succeeded",
+    "Failed",
+    "Cancelled",
+];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuShareView {
+    pub index: u32,
+    /// 1.0 = the whole GPU.
+    pub fraction: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaView {
+    pub node: String,
+    pub gpus: Vec<GpuShareView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransitionView {
+    pub at_ms: u64,
+    pub from: String,
+    pub to: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadView {
+    pub id: u64,
+    pub name: String,
+    pub team: String,
+    pub priority: String,
+    pub gpus: f64,
+    pub gang: u32,
+    pub gpu_model: Option<String>,
+    pub command: Vec<String>,
+    pub state: String,
+    /// Why it waits, while Pending.
+    pub pending_reason: Option<String>,
+    pub cluster: Option<String>,
+    pub replicas: Vec<ReplicaView>,
+    /// Assignment epoch (fencing token); bumps on every placement.
+    pub epoch: u64,
+    pub submitted_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub finished_at_ms: Option<u64>,
+    pub exit_code: Option<i32>,
+    pub preemptions: u32,
+    pub history: Vec<TransitionView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    pub index: u32,
+    pub model: String,
+    pub memory_mb: u64,
+    /// Fraction of the GPU allocated (0..=1).
+    pub allocated: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub name: String,
+    pub gpus: Vec<GpuView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterView {
+    pub name: String,
+    pub region: String,
+    /// `Ready`, `Lost` (silent past `spokeLostAfterSeconds`) or `Declared`
+    /// (in policy, no spoke connected yet).
+    pub state: String,
+    pub labels: BTreeMap<String, String>,
+    pub nodes: Vec<NodeView>,
+    pub gpus_total: f64,
+    pub gpus_allocated: f64,
+    pub running_workloads: u64,
+    pub last_heartbeat_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuotaView {
+    pub gpu_class: String,
+    pub used: f64,
+    pub guaranteed: f64,
+    pub limit: f64,
+    /// Used above the guarantee: GPUs lent to this team by others.
+    pub borrowed: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeamView {
+    pub name: String,
+    pub weight: f64,
+    pub quotas: Vec<QuotaView>,
+    pub pending: u64,
+    pub running: u64,
+    pub burst_budget_usd_per_month: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventView {
+    pub seq: u64,
+    pub at_ms: u64,
+    /// e.g. `submitted`, `placed`, `preempted`, `started`, `succeeded`,
+    /// `failed`, `cancelled`, `requeued`, `spoke_registered`, `spoke_lost`.
+    pub kind: String,
+    pub workload: Option<u64>,
+    pub cluster: Option<String>,
+    pub message: String,
+    pub policy_revision: String,
+}
+
+/// `GET /api/v1/workloads/{id}/logs?offset=N`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogsView {
+    pub workload: u64,
+    pub offset: u64,
+    /// Log text from `offset` (lossy UTF-8).
+    pub data: String,
+    pub next_offset: u64,
+    /// True when the workload has finished and no more output will come.
+    pub complete: bool,
+}
+
+/// Every error body: what is wrong and what to fix.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApiError {
+    pub error: String,
+    /// The request field at fault, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Axle's whole test suite, from a fresh machine: installs what the tests need
+# (idempotently), then runs format, lint and every test in the workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages the suite uses, each as "command-that-proves-it:package".
+# The policy, scheduler and CLI suites need only cargo today.
+PACKAGES=()
+
+missing=()
+for pair in "${PACKAGES[@]}"; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace
