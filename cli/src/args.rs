@@ -93,9 +93,12 @@ pub fn parse_gpus(text: &str) -> Result<f64, String> {
     }
 }
 
-/// A workload id: a number, as the hub assigns them.
+/// A workload id: a number, as the hub assigns them; the default name's
+/// form `w-42` is accepted too (the hub accepts both).
 pub fn parse_workload_id(text: &str) -> Result<u64, String> {
-    text.trim()
+    let t = text.trim();
+    t.strip_prefix("w-")
+        .unwrap_or(t)
         .parse::<u64>()
         .map_err(|_| "workload id must be a number".to_string())
 }
@@ -195,6 +198,7 @@ mod tests {
     #[test]
     fn ids_gpus_and_states() {
         assert_eq!(parse_workload_id("42"), Ok(42));
+        assert_eq!(parse_workload_id("w-42"), Ok(42));
         assert_eq!(
             parse_workload_id("abc"),
             Err("workload id must be a number".into())

@@ -28,8 +28,10 @@ const MAX_JOBS: u64 = 1_000_000;
 /// 200 ms). It bounds how late we notice the end, not the measured figures,
 /// which come from hub timestamps.
 const POLL_PERIOD: Duration = Duration::from_millis(200);
-/// Progress lines on stderr at most this often.
+/// Progress lines on stderr: when the counts change, at most this often…
 const PROGRESS_PERIOD: Duration = Duration::from_secs(1);
+/// …and at least this often while nothing changes, to show it is alive.
+const PROGRESS_IDLE_PERIOD: Duration = Duration::from_secs(10);
 
 const ACTIVE_STATES: &[&str] = &["Pending", "Placed", "Running"];
 const TERMINAL_STATES: &[&str] = &["Succeeded", "Failed", "Cancelled"];
@@ -51,6 +53,10 @@ pub struct BenchSubmitArgs {
     /// Concurrent submitters (HTTP requests in flight).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=MAX_CONCURRENCY))]
     concurrency: u64,
+    /// Offered load in jobs/s: job k is submitted no earlier than k/RATE
+    /// seconds after the start (open loop). 0 submits as fast as possible.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
     /// Team to submit as (default: the first team the hub lists).
     #[arg(long)]
     team: Option<String>,
@@ -191,12 +197,27 @@ pub async fn run(client: &Client, cmd: BenchCommand) -> anyhow::Result<ExitCode>
         priority: a.priority.clone(),
         ..SubmitRequest::default()
     };
+    if !a.rate.is_finite() || a.rate < 0.0 {
+        return Err(Failed(format!(
+            "--rate must be a non-negative number of jobs/s, got {}",
+            a.rate
+        ))
+        .into());
+    }
     eprintln!(
-        "bench: submitting {} jobs of {} GPU as team {team} with {} submitters",
-        a.jobs, a.gpus, a.concurrency
+        "bench: submitting {} jobs of {} GPU as team {team} with {} submitters{}",
+        a.jobs,
+        a.gpus,
+        a.concurrency,
+        if a.rate > 0.0 {
+            format!(" at {} jobs/s", a.rate)
+        } else {
+            String::new()
+        }
     );
     let start = Instant::now();
-    let (ids, submit_latencies_ms) = submit_all(client, &template, a.jobs, a.concurrency).await?;
+    let (ids, submit_latencies_ms) =
+        submit_all(client, &template, a.jobs, a.concurrency, a.rate, start).await?;
     let submit_s = start.elapsed().as_secs_f64();
     eprintln!(
         "bench: submitted {} in {submit_s:.2}s ({:.1}/s); waiting for them to finish",
@@ -231,6 +252,8 @@ async fn submit_all(
     template: &SubmitRequest,
     jobs: u64,
     concurrency: u64,
+    rate: f64,
+    start: Instant,
 ) -> anyhow::Result<(Vec<u64>, Vec<f64>)> {
     let next = Arc::new(AtomicU64::new(0));
     let abort = Arc::new(AtomicBool::new(false));
@@ -240,7 +263,15 @@ async fn submit_all(
         let (next, abort) = (next.clone(), abort.clone());
         set.spawn(async move {
             let mut out = Vec::new();
-            while !abort.load(Ordering::Relaxed) && next.fetch_add(1, Ordering::Relaxed) < jobs {
+            loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                if abort.load(Ordering::Relaxed) || k >= jobs {
+                    break;
+                }
+                if rate > 0.0 {
+                    tokio::time::sleep_until(start + Duration::from_secs_f64(k as f64 / rate))
+                        .await;
+                }
                 let mut req = template.clone();
                 req.idempotency_key = Some(default_idempotency_key("bench"));
                 let sent = Instant::now();
@@ -295,31 +326,33 @@ async fn wait_all(
         cluster: None,
     };
     let mut last_progress = Instant::now();
+    let mut last_line = String::new();
     loop {
+        // A job that moves between two list reads can show up in both:
+        // count each id once, in the first state it was seen in.
+        let mut live_ids = BTreeSet::new();
         let mut active: BTreeMap<&str, usize> = BTreeMap::new();
         for state in ACTIVE_STATES {
             let n = client
                 .workloads(&filter(state))
                 .await?
                 .iter()
-                .filter(|w| ours.contains(&w.id))
+                .filter(|w| ours.contains(&w.id) && live_ids.insert(w.id))
                 .count();
             active.insert(state, n);
         }
-        let live: usize = active.values().sum();
+        let live = live_ids.len();
         if live == 0 {
-            let mut done = Vec::with_capacity(ours.len());
+            let mut done: BTreeMap<u64, WorkloadView> = BTreeMap::new();
             for state in TERMINAL_STATES {
-                done.extend(
-                    client
-                        .workloads(&filter(state))
-                        .await?
-                        .into_iter()
-                        .filter(|w| ours.contains(&w.id)),
-                );
+                for w in client.workloads(&filter(state)).await? {
+                    if ours.contains(&w.id) {
+                        done.insert(w.id, w);
+                    }
+                }
             }
             if done.len() == ours.len() {
-                return Ok(done);
+                return Ok(done.into_values().collect());
             }
         }
         if Instant::now() >= deadline {
@@ -329,16 +362,19 @@ async fn wait_all(
             ))
             .into());
         }
-        if last_progress.elapsed() >= PROGRESS_PERIOD {
+        let line = format!(
+            "bench: pending={} placed={} running={} finished={}/{}",
+            active["Pending"],
+            active["Placed"],
+            active["Running"],
+            ours.len() - live,
+            ours.len()
+        );
+        let since = last_progress.elapsed();
+        if (line != last_line && since >= PROGRESS_PERIOD) || since >= PROGRESS_IDLE_PERIOD {
+            eprintln!("{line}");
             last_progress = Instant::now();
-            eprintln!(
-                "bench: pending={} placed={} running={} finished={}/{}",
-                active["Pending"],
-                active["Placed"],
-                active["Running"],
-                ours.len() - live,
-                ours.len()
-            );
+            last_line = line;
         }
         tokio::time::sleep(POLL_PERIOD).await;
     }

@@ -243,18 +243,27 @@ async fn watch_table(
     first: Snapshot,
 ) -> anyhow::Result<ExitCode> {
     let volatile = first.volatile_columns();
-    let rows = first.rows(now_ms());
-    let mut widths = table::widths(first.headers(), &rows);
-    println!("{}", table::render_line(first.headers(), &widths));
+    let headers = first.headers();
+    // Widths come from the first rows printed (the header waits for them), so
+    // a watch started on an empty list still lines up.
+    let mut widths: Option<Vec<usize>> = None;
     let mut seen = BTreeMap::new();
     let mut ticker = tokio::time::interval(WATCH_PERIOD);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut snap = first;
     loop {
-        for row in changed_rows(snap.rows(now_ms()), volatile, &mut seen) {
-            // Columns only ever widen, so later rows stay as aligned as they can.
-            table::grow_widths(&mut widths, &row.cells);
-            println!("{}", table::render_line(&row.cells, &widths));
+        let changed = changed_rows(snap.rows(now_ms()), volatile, &mut seen);
+        if !changed.is_empty() {
+            let w = widths.get_or_insert_with(|| {
+                let w = table::widths(headers, &changed);
+                println!("{}", table::render_line(headers, &w));
+                w
+            });
+            for row in changed {
+                // Columns only ever widen, so later rows stay as aligned as they can.
+                table::grow_widths(w, &row.cells);
+                println!("{}", table::render_line(&row.cells, w));
+            }
         }
         ticker.tick().await;
         snap = fetch(client, a, state).await?;

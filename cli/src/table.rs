@@ -210,6 +210,21 @@ pub fn workloads_table(ws: &[WorkloadView], now_ms: u64) -> String {
     render(WORKLOAD_HEADERS, &workload_rows(ws, now_ms))
 }
 
+/// Values of `last_heartbeat_ms` at or above this are wall-clock timestamps
+/// (ms since 1970: 2001-09-09); below it, ages. The hub currently sends the
+/// age (ms since the last heartbeat) while the field's name reads like a
+/// timestamp; no real age reaches 31 years, so both readings are safe.
+const HEARTBEAT_TIMESTAMP_MIN_MS: u64 = 1_000_000_000_000;
+
+/// Milliseconds since the cluster's last heartbeat.
+pub fn heartbeat_age_ms(last_heartbeat_ms: u64, now_ms: u64) -> u64 {
+    if last_heartbeat_ms >= HEARTBEAT_TIMESTAMP_MIN_MS {
+        now_ms.saturating_sub(last_heartbeat_ms)
+    } else {
+        last_heartbeat_ms
+    }
+}
+
 pub fn cluster_row(c: &ClusterView, now_ms: u64) -> Row {
     let allocated = if c.gpus_total > 0.0 {
         format!(
@@ -221,7 +236,7 @@ pub fn cluster_row(c: &ClusterView, now_ms: u64) -> Row {
         fmt_gpus(c.gpus_allocated)
     };
     let heartbeat = match c.last_heartbeat_ms {
-        Some(at) => format!("{} ago", age(now_ms, at)),
+        Some(v) => format!("{} ago", fmt_age(heartbeat_age_ms(v, now_ms))),
         None => "never".to_string(),
     };
     Row {
@@ -499,6 +514,9 @@ pub(crate) mod tests {
         declared.gpus_allocated = 0.0;
         declared.running_workloads = 0;
         declared.last_heartbeat_ms = None;
+        let mut aged = c.clone();
+        aged.last_heartbeat_ms = Some(2_000);
+        assert_eq!(cluster_row(&aged, NOW_MS), cluster_row(&c, NOW_MS));
         let out = clusters_table(&[c, declared], NOW_MS);
         assert_eq!(
             out,

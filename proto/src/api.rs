@@ -124,6 +124,7 @@ pub struct ClusterView {
     pub gpus_total: f64,
     pub gpus_allocated: f64,
     pub running_workloads: u64,
+    /// When the spoke was last heard from (ms since the Unix epoch).
     pub last_heartbeat_ms: Option<u64>,
 }
 

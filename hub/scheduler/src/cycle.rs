@@ -127,9 +127,10 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                     now_ms,
                     &mut out,
                 );
-                if opts.explain {
+                if opts.explain || reason != PendingReason::NotEvaluated {
                     out.pending.push((id, reason));
-                } else if w.queue_exhausted(queues[i].0, team, class, &failed) {
+                }
+                if !opts.explain && w.queue_exhausted(queues[i].0, team, class, &failed) {
                     // Every shape left in this queue is known not to fit.
                     continue;
                 }

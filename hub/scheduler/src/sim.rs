@@ -116,6 +116,7 @@ pub fn complete_policy(policy: &Policy, jobs: &[SimJob], capacity: Milli) -> (Po
         .map(|(t, h)| (*t, *h))
         .collect();
     let total: f64 = missing.iter().map(|(_, h)| h).sum();
+    let trace_total: f64 = gpu_hours.values().sum();
     // Guarantees already promised by the policy's own teams.
     let promised: u64 = p
         .teams
@@ -130,9 +131,14 @@ pub fn complete_policy(policy: &Policy, jobs: &[SimJob], capacity: Milli) -> (Po
         // Whole GPUs, rounded down, so the guarantees never over-commit capacity.
         let g = ((free_for_new as f64 * share) / MILLI_PER_GPU as f64).floor() as u64;
         let guaranteed = Milli::gpus(g);
+        let of_trace = if trace_total > 0.0 {
+            h / trace_total
+        } else {
+            0.0
+        };
         notes.push(format!(
             "team {t} is not in the policy: created with {guaranteed} GPUs guaranteed ({:.1}% of the trace's GPU-hours), limit {capacity}",
-            share * 100.0
+            of_trace * 100.0
         ));
         p.teams.insert(
             t.to_string(),

@@ -239,10 +239,14 @@ impl State {
                     n.gpu_count as usize,
                 ));
                 gpu_free.extend(std::iter::repeat_n(FULL_GPU, n.gpu_count as usize));
-                if c.schedulable {
-                    let l = &mut largest_node[model as usize];
-                    *l = (*l).max(n.gpu_count);
-                }
+                // Every cluster counts, schedulable or not: "can never fit"
+                // is about the inventory, not about which spokes are
+                // connected right now. (Counting only schedulable clusters
+                // made the hub re-queue every running workload when it
+                // restarted before its spokes reconnected, and cancel
+                // pending ones whose only cluster was briefly disconnected.)
+                let l = &mut largest_node[model as usize];
+                *l = (*l).max(n.gpu_count);
             }
             clusters.push(rec);
         }

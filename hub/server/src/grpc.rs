@@ -1,0 +1,204 @@
+//! The hub's gRPC services: the spoke session stream and the user API.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axle_proto::pb;
+use axle_proto::pb::spoke_message::Msg;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{info, warn};
+
+use crate::hub::{Command, Hub, HubError, SPOKE_QUEUE};
+use crate::logs;
+use crate::views;
+
+pub struct SpokeSvc {
+    hub: Arc<Hub>,
+    next_conn: AtomicU64,
+}
+
+impl SpokeSvc {
+    pub fn new(hub: Arc<Hub>) -> SpokeSvc {
+        SpokeSvc {
+            hub,
+            next_conn: AtomicU64::new(1),
+        }
+    }
+}
+
+fn status_of(e: HubError) -> Status {
+    match e.status {
+        400 => Status::invalid_argument(e.error.error),
+        404 => Status::not_found(e.error.error),
+        409 => Status::failed_precondition(e.error.error),
+        503 => Status::unavailable(e.error.error),
+        _ => Status::internal(e.error.error),
+    }
+}
+
+#[tonic::async_trait]
+impl pb::spoke_service_server::SpokeService for SpokeSvc {
+    type SessionStream = ReceiverStream<Result<pb::HubMessage, Status>>;
+
+    async fn session(
+        &self,
+        req: Request<Streaming<pb::SpokeMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let mut inbound = req.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("the stream closed before Register"))?;
+        let Some(Msg::Register(register)) = first.msg else {
+            return Err(Status::failed_precondition(
+                "the first message of a session must be Register",
+            ));
+        };
+        let cluster = register.cluster.clone();
+        let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(SPOKE_QUEUE);
+        let (reply, registered) = oneshot::channel();
+        self.hub
+            .send(Command::Register {
+                register,
+                conn,
+                tx,
+                reply,
+            })
+            .await
+            .map_err(status_of)?;
+        registered
+            .await
+            .map_err(|_| Status::unavailable("hub is shutting down"))??;
+        let hub = self.hub.clone();
+        let log_dir = logs::dir(&hub.config.data_dir);
+        tokio::spawn(async move {
+            read_session(hub, inbound, cluster, conn, log_dir).await;
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+async fn read_session(
+    hub: Arc<Hub>,
+    mut inbound: Streaming<pb::SpokeMessage>,
+    cluster: String,
+    conn: u64,
+    log_dir: PathBuf,
+) {
+    loop {
+        match inbound.message().await {
+            Ok(Some(m)) => {
+                let cmd = match m.msg {
+                    Some(Msg::Heartbeat(heartbeat)) => Command::Heartbeat {
+                        cluster: cluster.clone(),
+                        conn,
+                        heartbeat,
+                    },
+                    Some(Msg::Status(status)) => Command::Status {
+                        cluster: cluster.clone(),
+                        conn,
+                        status,
+                    },
+                    Some(Msg::Log(chunk)) => {
+                        if let Err(e) = logs::write_chunk(&log_dir, &chunk).await {
+                            warn!("cannot store log of workload {}: {e}", chunk.workload_id);
+                        }
+                        continue;
+                    }
+                    Some(Msg::Register(_)) => {
+                        warn!("spoke {cluster} sent Register twice; ignoring");
+                        continue;
+                    }
+                    None => continue,
+                };
+                if hub.send(cmd).await.is_err() {
+                    return;
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                info!("spoke {cluster} stream ended: {e}");
+                break;
+            }
+        }
+    }
+    let _ = hub.send(Command::Disconnected { cluster, conn }).await;
+}
+
+pub struct UserSvc {
+    hub: Arc<Hub>,
+}
+
+impl UserSvc {
+    pub fn new(hub: Arc<Hub>) -> UserSvc {
+        UserSvc { hub }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::user_service_server::UserService for UserSvc {
+    async fn submit(
+        &self,
+        req: Request<pb::SubmitRequest>,
+    ) -> Result<Response<pb::Workload>, Status> {
+        let (reply, rx) = oneshot::channel();
+        self.hub
+            .send(Command::Submit(
+                views::submit_from_pb(req.into_inner()),
+                reply,
+            ))
+            .await
+            .map_err(status_of)?;
+        let (view, _) = rx
+            .await
+            .map_err(|_| Status::unavailable("hub is shutting down"))?
+            .map_err(status_of)?;
+        Ok(Response::new(views::workload_pb(&view)))
+    }
+
+    async fn get_workload(
+        &self,
+        req: Request<pb::GetWorkloadRequest>,
+    ) -> Result<Response<pb::Workload>, Status> {
+        let id = req.into_inner().id;
+        let view = self
+            .hub
+            .lock()
+            .view(id)
+            .ok_or_else(|| Status::not_found(format!("workload {id} not found")))?;
+        Ok(Response::new(views::workload_pb(&view)))
+    }
+
+    async fn list_workloads(
+        &self,
+        req: Request<pb::ListWorkloadsRequest>,
+    ) -> Result<Response<pb::ListWorkloadsResponse>, Status> {
+        let r = req.into_inner();
+        let opt = |s: String| if s.is_empty() { None } else { Some(s) };
+        let list = crate::http::list(&self.hub, opt(r.team), opt(r.state), opt(r.cluster))
+            .map_err(status_of)?;
+        Ok(Response::new(pb::ListWorkloadsResponse {
+            workloads: list.iter().map(views::workload_pb).collect(),
+        }))
+    }
+
+    async fn cancel_workload(
+        &self,
+        req: Request<pb::GetWorkloadRequest>,
+    ) -> Result<Response<pb::Workload>, Status> {
+        let (reply, rx) = oneshot::channel();
+        self.hub
+            .send(Command::Cancel(req.into_inner().id, reply))
+            .await
+            .map_err(status_of)?;
+        let view = rx
+            .await
+            .map_err(|_| Status::unavailable("hub is shutting down"))?
+            .map_err(status_of)?;
+        Ok(Response::new(views::workload_pb(&view)))
+    }
+}

@@ -1,0 +1,295 @@
+//! The hub's HTTP/JSON API (axum). Every error is JSON (`ApiError`) with a
+//! message that says what to fix; bodies are parsed by hand so a malformed
+//! request names the field and position at fault.
+
+use std::sync::Arc;
+
+use axle_proto::api::{self, ApiError, SubmitRequest};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use tokio::sync::oneshot;
+
+use crate::hub::{Command, Hub, HubError};
+use crate::lifecycle::WState;
+use crate::{logs, views};
+
+/// Largest accepted request body: a submit is a few KB; 1 MiB leaves room
+/// for long commands and environments while bounding memory per request.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Most events one `GET /api/v1/events` returns.
+pub const MAX_EVENTS_PER_PAGE: usize = 10_000;
+
+pub fn router(hub: Arc<Hub>) -> Router {
+    Router::new()
+        .route("/api/v1/workloads", get(list_workloads).post(submit))
+        .route("/api/v1/workloads/{id}", get(get_workload).delete(cancel))
+        .route("/api/v1/workloads/{id}/logs", get(get_logs))
+        .route("/api/v1/clusters", get(clusters))
+        .route("/api/v1/teams", get(teams))
+        .route("/api/v1/events", get(events))
+        .route("/api/v1/policy", get(policy))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ready" }))
+        .fallback(|| async {
+            err(HubError::status(
+                404,
+                "no such endpoint; the API lives under /api/v1 (workloads, clusters, teams, events, policy)",
+            ))
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(hub)
+}
+
+fn err(e: HubError) -> Response {
+    let code = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (code, axum::Json(e.error)).into_response()
+}
+
+fn json<T: serde::Serialize>(code: StatusCode, v: &T) -> Response {
+    (code, axum::Json(v)).into_response()
+}
+
+fn parse_id(s: &str) -> Result<u64, HubError> {
+    let t = s.trim_start_matches("w-");
+    t.parse().map_err(|_| {
+        HubError::bad(
+            format!("workload id must be a number, got {s:?}"),
+            Some("id"),
+        )
+    })
+}
+
+async fn submit(State(hub): State<Arc<Hub>>, body: Bytes) -> Response {
+    let req: SubmitRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return err(HubError {
+                status: 400,
+                error: ApiError {
+                    error: format!(
+                        "malformed submit request: {e}; expected JSON like {{\"team\":\"vision\",\"gpus\":1,\"command\":[\"python\",\"train.py\"]}}"
+                    ),
+                    field: None,
+                },
+            });
+        }
+    };
+    let (reply, rx) = oneshot::channel();
+    if let Err(e) = hub.send(Command::Submit(req, reply)).await {
+        return err(e);
+    }
+    match rx.await {
+        Ok(Ok((view, created))) => json(
+            if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            },
+            &view,
+        ),
+        Ok(Err(e)) => err(e),
+        Err(_) => err(HubError::status(503, "hub is shutting down")),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    team: Option<String>,
+    state: Option<String>,
+    cluster: Option<String>,
+}
+
+/// Workloads matching the filters, sorted by id.
+pub fn list(
+    hub: &Hub,
+    team: Option<String>,
+    state: Option<String>,
+    cluster: Option<String>,
+) -> Result<Vec<api::WorkloadView>, HubError> {
+    let state = match state {
+        Some(s) => Some(WState::parse(&s).ok_or_else(|| {
+            HubError::bad(
+                format!("unknown state {s:?}; use one of {}", api::STATES.join(", ")),
+                Some("state"),
+            )
+        })?),
+        None => None,
+    };
+    let inner = hub.lock();
+    if let Some(t) = &team
+        && !inner.policy.teams.contains_key(t)
+    {
+        return Err(HubError::bad(
+            format!(
+                "unknown team {t:?}; known teams: {}",
+                inner
+                    .policy
+                    .teams
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Some("team"),
+        ));
+    }
+    Ok(inner
+        .workloads
+        .values()
+        .filter(|w| team.as_ref().is_none_or(|t| &w.team == t))
+        .filter(|w| state.is_none_or(|s| w.state == s))
+        .filter(|w| {
+            cluster
+                .as_ref()
+                .is_none_or(|c| w.placement.as_ref().is_some_and(|p| &p.cluster == c))
+        })
+        .map(|w| views::workload(w, inner.reasons.get(&w.id)))
+        .collect())
+}
+
+async fn list_workloads(
+    State(hub): State<Arc<Hub>>,
+    q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let q = match q {
+        Ok(Query(q)) => q,
+        Err(e) => {
+            return err(HubError::bad(
+                format!("bad query: {e}; filters are team, state, cluster"),
+                None,
+            ));
+        }
+    };
+    match list(&hub, q.team, q.state, q.cluster) {
+        Ok(v) => json(StatusCode::OK, &v),
+        Err(e) => err(e),
+    }
+}
+
+async fn get_workload(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {
+    let id = match parse_id(&id) {
+        Ok(id) => id,
+        Err(e) => return err(e),
+    };
+    match hub.lock().view(id) {
+        Some(v) => json(StatusCode::OK, &v),
+        None => err(HubError::status(404, format!("workload {id} not found"))),
+    }
+}
+
+async fn cancel(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {
+    let id = match parse_id(&id) {
+        Ok(id) => id,
+        Err(e) => return err(e),
+    };
+    let (reply, rx) = oneshot::channel();
+    if let Err(e) = hub.send(Command::Cancel(id, reply)).await {
+        return err(e);
+    }
+    match rx.await {
+        Ok(Ok(v)) => json(StatusCode::OK, &v),
+        Ok(Err(e)) => err(e),
+        Err(_) => err(HubError::status(503, "hub is shutting down")),
+    }
+}
+
+#[derive(Deserialize)]
+struct LogQuery {
+    #[serde(default)]
+    offset: u64,
+}
+
+async fn get_logs(
+    State(hub): State<Arc<Hub>>,
+    Path(id): Path<String>,
+    q: Result<Query<LogQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let id = match parse_id(&id) {
+        Ok(id) => id,
+        Err(e) => return err(e),
+    };
+    let Ok(Query(q)) = q else {
+        return err(HubError::bad(
+            "offset must be a non-negative number",
+            Some("offset"),
+        ));
+    };
+    let (epoch, done) = match hub.lock().workloads.get(&id) {
+        Some(w) => (w.epoch, w.state.is_terminal()),
+        None => return err(HubError::status(404, format!("workload {id} not found"))),
+    };
+    match logs::read(&logs::dir(&hub.config.data_dir), id, epoch, q.offset).await {
+        Ok((data, next)) => {
+            let complete = done && next == q.offset;
+            json(
+                StatusCode::OK,
+                &api::LogsView {
+                    workload: id,
+                    offset: q.offset,
+                    data: String::from_utf8_lossy(&data).into_owned(),
+                    next_offset: next,
+                    complete,
+                },
+            )
+        }
+        Err(e) => err(HubError::status(500, format!("cannot read logs: {e}"))),
+    }
+}
+
+async fn clusters(State(hub): State<Arc<Hub>>) -> Response {
+    let v = hub.lock().cluster_views();
+    json(StatusCode::OK, &v)
+}
+
+async fn teams(State(hub): State<Arc<Hub>>) -> Response {
+    let v = hub.lock().team_views();
+    json(StatusCode::OK, &v)
+}
+
+#[derive(Deserialize)]
+struct EventQuery {
+    #[serde(default)]
+    since: u64,
+    limit: Option<usize>,
+    workload: Option<u64>,
+}
+
+async fn events(
+    State(hub): State<Arc<Hub>>,
+    q: Result<Query<EventQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(Query(q)) = q else {
+        return err(HubError::bad(
+            "bad query: since and limit must be numbers, workload an id",
+            None,
+        ));
+    };
+    let limit = q.limit.unwrap_or(1000).min(MAX_EVENTS_PER_PAGE);
+    match hub.events_since(q.since, limit, q.workload) {
+        Ok(events) => {
+            let v: Vec<api::EventView> = events.iter().map(views::event).collect();
+            json(StatusCode::OK, &v)
+        }
+        Err(e) => err(e),
+    }
+}
+
+async fn policy(State(hub): State<Arc<Hub>>) -> Response {
+    let inner = hub.lock();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "revision": inner.policy.revision,
+            "teams": inner.policy.teams.keys().collect::<Vec<_>>(),
+            "priority_classes": inner.policy.priority_classes.keys().collect::<Vec<_>>(),
+            "clusters": inner.policy.clusters.keys().collect::<Vec<_>>(),
+        }),
+    )
+}

@@ -1,0 +1,106 @@
+//! `axle-hub`: the control plane process.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use axle_hub::{dev, server};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "axle-hub",
+    version,
+    about = "Axle's control plane: routes GPU workloads to spoke agents"
+)]
+struct Args {
+    /// HTTP/JSON API address.
+    #[arg(long, env = "AXLE_HTTP", default_value = "127.0.0.1:7070")]
+    http: SocketAddr,
+    /// gRPC address (spokes and the user API).
+    #[arg(long, env = "AXLE_GRPC", default_value = "127.0.0.1:7071")]
+    grpc: SocketAddr,
+    /// Where the store, logs and (in --dev) spoke work dirs live.
+    #[arg(long, env = "AXLE_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Policy repository (directory of YAML documents).
+    #[arg(long, env = "AXLE_POLICY")]
+    policy: Option<PathBuf>,
+    /// Shared secret spokes must present.
+    #[arg(long, env = "AXLE_SPOKE_TOKEN")]
+    spoke_token: Option<String>,
+    /// One command, one machine: the example policy (unless --policy), a
+    /// temporary data dir (unless --data-dir) and two in-process spokes with
+    /// declared GPUs (eu-1: 2 nodes × 8 H100, us-1: 1 node × 4 A100).
+    #[arg(long)]
+    dev: bool,
+}
+
+fn main() -> ExitCode {
+    // Workload processes are started through this executable as a shim.
+    axle_spoke_agent::maybe_run_shim();
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let policy = match (&args.policy, args.dev) {
+        (Some(dir), _) => match axle_policy::load_dir(dir) {
+            Ok(l) => {
+                for w in &l.warnings {
+                    eprintln!("{w}");
+                }
+                l.policy
+            }
+            Err(f) => {
+                eprintln!("{f}");
+                anyhow::bail!(
+                    "policy {} has errors; fix them (axle policy check) and start again",
+                    dir.display()
+                );
+            }
+        },
+        (None, true) => dev::example_policy().context("the embedded example policy")?,
+        (None, false) => {
+            anyhow::bail!("--policy DIR is required (or --dev for the built-in example)")
+        }
+    };
+    let data_dir = match (&args.data_dir, args.dev) {
+        (Some(d), _) => d.clone(),
+        (None, true) => dev::temp_data_dir()?,
+        (None, false) => anyhow::bail!("--data-dir DIR is required (or --dev for a temporary one)"),
+    };
+    let listeners = server::Listeners::bind(args.http, args.grpc).await?;
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    if args.dev {
+        dev::run(data_dir, policy, listeners, shutdown).await
+    } else {
+        server::run(data_dir, policy, args.spoke_token, listeners, shutdown).await
+    }
+}

@@ -1,0 +1,147 @@
+//! Stored records of the hub (versioned) and their keys. These are storage
+//! types: the API views are built from them in `views.rs`, and the
+//! scheduler's types in `hub.rs`.
+//!
+//! Versioning: every record has `v`. A reader accepts every version it knows
+//! and upgrades it in memory; writers always write `RECORD_VERSION`. Version 1
+//! is the first.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::lifecycle::WState;
+
+pub const RECORD_VERSION: u32 = 1;
+
+pub const WORKLOADS: &str = "workloads/";
+pub const EVENTS: &str = "events/";
+pub const CLUSTERS: &str = "clusters/";
+
+pub fn workload_key(id: u64) -> String {
+    format!("{WORKLOADS}{id:020}")
+}
+
+pub fn event_key(seq: u64) -> String {
+    format!("{EVENTS}{seq:020}")
+}
+
+pub fn cluster_key(name: &str) -> String {
+    format!("{CLUSTERS}{name}")
+}
+
+/// At most this many transitions are kept per workload: enough to explain a
+/// workload preempted a dozen times, small enough to keep records compact.
+pub const MAX_HISTORY: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransitionRecord {
+    pub at_ms: u64,
+    pub from: WState,
+    pub to: WState,
+    pub reason: String,
+}
+
+/// One replica's GPU shards: (node name, GPU index, milli-GPU). All on one
+/// node unless the workload allows spreading.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaRecord {
+    pub shards: Vec<(String, u32, u32)>,
+}
+
+impl ReplicaRecord {
+    /// The shards grouped by node, in node order of first appearance.
+    pub fn by_node(&self) -> Vec<(&str, Vec<(u32, u32)>)> {
+        let mut out: Vec<(&str, Vec<(u32, u32)>)> = Vec::new();
+        for (node, gpu, milli) in &self.shards {
+            match out.iter_mut().find(|(n, _)| n == node) {
+                Some((_, v)) => v.push((*gpu, *milli)),
+                None => out.push((node, vec![(*gpu, *milli)])),
+            }
+        }
+        out
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementRecord {
+    pub cluster: String,
+    pub replicas: Vec<ReplicaRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadRecord {
+    pub v: u32,
+    pub id: u64,
+    pub name: String,
+    pub team: String,
+    pub priority: String,
+    pub gpus_milli: u64,
+    pub replicas: u32,
+    pub gpu_model: Option<String>,
+    pub regions: Vec<String>,
+    pub allow_spread: bool,
+    pub burst_allowed: bool,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub max_runtime_s: Option<u64>,
+    pub idempotency_key: Option<String>,
+    pub submitted_at_ms: u64,
+    pub state: WState,
+    /// Fencing token: bumped on every placement; a spoke runs only the current epoch.
+    pub epoch: u64,
+    pub placement: Option<PlacementRecord>,
+    pub started_at_ms: Option<u64>,
+    pub finished_at_ms: Option<u64>,
+    pub exit_code: Option<i32>,
+    pub preemptions: u32,
+    /// A stop was sent for this epoch and not yet confirmed: the workload is
+    /// not re-queued (or marked cancelled) until its spoke confirms or is lost,
+    /// so two copies never run at once.
+    pub stopping: Option<StoppingRecord>,
+    pub history: Vec<TransitionRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoppingRecord {
+    pub cluster: String,
+    pub epoch: u64,
+    /// Cancelled by a user (else preempted or re-queued).
+    pub cancel: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub v: u32,
+    pub seq: u64,
+    pub at_ms: u64,
+    pub kind: String,
+    pub workload: Option<u64>,
+    pub cluster: Option<String>,
+    pub message: String,
+    pub policy_revision: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuRecord {
+    pub index: u32,
+    pub model: String,
+    pub memory_mb: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub name: String,
+    pub gpus: Vec<GpuRecord>,
+}
+
+/// The last inventory a spoke registered, so a restarted hub knows the
+/// clusters its running workloads are on before their spokes reconnect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterRecord {
+    pub v: u32,
+    pub name: String,
+    pub region: String,
+    pub labels: BTreeMap<String, String>,
+    pub nodes: Vec<NodeRecord>,
+}

@@ -1,0 +1,92 @@
+//! Wires a hub: opens the store, starts the applier, and serves gRPC and HTTP
+//! on the given listeners until the shutdown signal.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use axle_policy::Policy;
+use axle_proto::pb;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tracing::info;
+
+use crate::grpc::{SpokeSvc, UserSvc};
+use crate::hub::{Hub, HubConfig};
+use crate::store::RedbStore;
+
+pub struct Listeners {
+    pub http: TcpListener,
+    pub grpc: TcpListener,
+}
+
+impl Listeners {
+    pub async fn bind(http: SocketAddr, grpc: SocketAddr) -> anyhow::Result<Listeners> {
+        Ok(Listeners {
+            http: TcpListener::bind(http)
+                .await
+                .with_context(|| format!("cannot listen for HTTP on {http}"))?,
+            grpc: TcpListener::bind(grpc)
+                .await
+                .with_context(|| format!("cannot listen for gRPC on {grpc}"))?,
+        })
+    }
+}
+
+/// Runs a hub until `shutdown` resolves or a server fails.
+pub async fn run(
+    data_dir: PathBuf,
+    policy: Policy,
+    spoke_token: Option<String>,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
+    let store = RedbStore::open(&data_dir.join("axle.redb"))
+        .with_context(|| format!("cannot open the store in {}", data_dir.display()))?;
+    let hub = Hub::start(
+        store,
+        policy,
+        HubConfig {
+            data_dir,
+            spoke_token,
+        },
+    )
+    .await?;
+    let http_addr = listeners.http.local_addr()?;
+    let grpc_addr = listeners.grpc.local_addr()?;
+    info!("HTTP API on http://{http_addr}, gRPC on {grpc_addr}");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let mut http_stop = stop_rx.clone();
+    let mut grpc_stop = stop_rx;
+
+    let app = crate::http::router(hub.clone());
+    let http = axum::serve(listeners.http, app).with_graceful_shutdown(async move {
+        let _ = http_stop.wait_for(|s| *s).await;
+    });
+    let grpc = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+        .add_service(pb::spoke_service_server::SpokeServiceServer::new(
+            SpokeSvc::new(hub.clone()),
+        ))
+        .add_service(pb::user_service_server::UserServiceServer::new(
+            UserSvc::new(hub),
+        ))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), async move {
+            let _ = grpc_stop.wait_for(|s| *s).await;
+        });
+    // Either server failing ends the hub: it must not limp on half-served.
+    tokio::select! {
+        r = http => r.context("HTTP server failed")?,
+        r = grpc => r.context("gRPC server failed")?,
+    }
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! Spoke configuration and the inventory types the spoke reports to the hub.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use axle_proto::pb;
+
+/// One GPU on a node, as the spoke reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSpec {
+    /// Device index as the driver numbers it (what `CUDA_VISIBLE_DEVICES` takes).
+    pub index: u32,
+    /// Axle GPU class, e.g. `H100` (see [`crate::gpu_class`]).
+    pub model: String,
+    pub memory_mb: u64,
+}
+
+/// One node of the cluster with its GPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSpec {
+    pub name: String,
+    pub gpus: Vec<GpuSpec>,
+}
+
+/// Everything [`crate::run`] needs to know about the cluster it serves.
+#[derive(Debug, Clone)]
+pub struct SpokeConfig {
+    /// The hub's gRPC address, e.g. `http://127.0.0.1:7071`.
+    pub hub_url: String,
+    pub cluster: String,
+    pub region: String,
+    pub labels: BTreeMap<String, String>,
+    pub nodes: Vec<NodeSpec>,
+    /// Logs go to `<data_dir>/logs`, workload working directories to `<data_dir>/work`.
+    pub data_dir: PathBuf,
+    /// Shared secret when the hub requires one.
+    pub token: Option<String>,
+}
+
+impl From<&GpuSpec> for pb::Gpu {
+    fn from(gpu: &GpuSpec) -> Self {
+        pb::Gpu {
+            index: gpu.index,
+            model: gpu.model.clone(),
+            memory_mb: gpu.memory_mb,
+        }
+    }
+}
+
+impl From<&NodeSpec> for pb::Node {
+    fn from(node: &NodeSpec) -> Self {
+        pb::Node {
+            name: node.name.clone(),
+            gpus: node.gpus.iter().map(pb::Gpu::from).collect(),
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Axle spoke agent: registers one cluster with the hub over an outbound gRPC
+//! stream, reports its GPU inventory and running workloads, and runs the
+//! workloads the hub assigns with the `local` driver (shimmed child processes).
+//!
+//! Entry points: [`run`] (the binary and the hub's `--dev` mode),
+//! [`maybe_run_shim`] (first thing in every `main` that hosts a spoke),
+//! [`discover_gpus`] / [`parse_gpu_decl`] (inventory).
+
+mod agent;
+mod config;
+mod driver;
+mod gpu;
+mod ledger;
+mod logs;
+mod outbox;
+mod session;
+mod shim;
+
+use std::future::Future;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use tokio::sync::mpsc;
+
+pub use agent::{
+    DEFAULT_GRACE_PERIOD, DEFAULT_HEARTBEAT_INTERVAL, GPU_WAIT_TIMEOUT, MAX_GRACE_PERIOD,
+};
+pub use config::{GpuSpec, NodeSpec, SpokeConfig};
+pub use gpu::{
+    DiscoverError, GpuDeclError, build_nodes, discover_gpus, gpu_class, host_name, parse_gpu_decl,
+    parse_nvidia_smi,
+};
+pub use logs::{LOG_FLUSH_INTERVAL, MAX_LOG_CHUNK_BYTES};
+pub use outbox::{MAX_OUTBOX_LOG_BYTES, RESEND_WINDOW};
+pub use session::{INITIAL_BACKOFF, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, MAX_BACKOFF};
+pub use shim::{SHIM_ARG, maybe_run_shim};
+
+/// Hub messages (and session changes) waiting for the agent. When the agent
+/// falls behind, the connection task stops reading the stream and HTTP/2 flow
+/// control pushes back on the hub; 64 absorbs the burst of re-sent
+/// assignments after a reconnect.
+const INPUT_CHANNEL_CAPACITY: usize = 64;
+/// Workload events (starts, log chunks, ends) waiting for the agent. Log
+/// writers wait when it is full, which in turn slows the workloads' output
+/// pipes rather than growing memory.
+const EVENT_CHANNEL_CAPACITY: usize = 1024;
+
+/// Knobs of [`run_with`] that callers other than the `axle-spoke` binary need.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// The executable that runs the shim, i.e. whose `main` calls
+    /// [`maybe_run_shim`]. Default: the current executable, which is right
+    /// for `axle-spoke` and `axle-hub --dev`, but not for a test binary.
+    pub shim_exe: Option<PathBuf>,
+}
+
+/// Runs the spoke until `shutdown` resolves: dials the hub (and redials
+/// forever), runs assigned workloads, then stops them all (SIGTERM, grace,
+/// SIGKILL) and returns. Errors only on bad configuration or when it cannot
+/// create its data directories.
+pub async fn run(
+    config: SpokeConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    run_with(config, RunOptions::default(), shutdown).await
+}
+
+/// [`run`] with [`RunOptions`].
+pub async fn run_with(
+    config: SpokeConfig,
+    options: RunOptions,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    if config.cluster.trim().is_empty() {
+        anyhow::bail!("the cluster name is empty");
+    }
+    let endpoint = session::endpoint(&config.hub_url)?;
+    let shim_exe = match options.shim_exe {
+        Some(path) => path,
+        None => std::env::current_exe()
+            .context("cannot find the spoke's own executable for the process shim")?,
+    };
+    for dir in ["logs", "work"] {
+        let path = config.data_dir.join(dir);
+        tokio::fs::create_dir_all(&path)
+            .await
+            .with_context(|| format!("cannot create {}", path.display()))?;
+    }
+    let (inputs_tx, inputs_rx) = mpsc::channel(INPUT_CHANNEL_CAPACITY);
+    let (events_tx, events_rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
+    let driver = driver::DriverCtx {
+        shim_exe,
+        data_dir: config.data_dir.clone(),
+        events: events_tx,
+    };
+    let dialer = tokio::spawn(session::dial_loop(endpoint, inputs_tx));
+    let result = agent::Agent::new(config, driver)
+        .run(inputs_rx, events_rx, shutdown)
+        .await;
+    dialer.abort();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send + 'static>(_: &T) {}
+
+    #[test]
+    fn run_is_spawnable() {
+        // The hub's --dev mode runs spokes with tokio::spawn.
+        let config = SpokeConfig {
+            hub_url: "http://127.0.0.1:1".into(),
+            cluster: "c".into(),
+            region: "r".into(),
+            labels: Default::default(),
+            nodes: vec![],
+            data_dir: PathBuf::from("/nonexistent"),
+            token: None,
+        };
+        let fut = run(config, async {});
+        assert_send(&fut);
+    }
+}

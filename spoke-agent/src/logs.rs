@@ -1,0 +1,334 @@
+//! Workload log plumbing: replica pipes → one log file per (workload, epoch)
+//! and `LogChunk`s for the hub.
+
+use std::time::Duration;
+
+use axle_proto::pb;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::driver::Event;
+
+/// Largest `LogChunk.data`: keeps one message far below gRPC's 4 MiB default
+/// limit and lets log lines reach the hub in small, steady pieces.
+pub const MAX_LOG_CHUNK_BYTES: usize = 64 * 1024;
+/// Longest time output waits before it goes up as a chunk: small writes are
+/// coalesced, yet `axle logs -f` still feels live.
+pub const LOG_FLUSH_INTERVAL: Duration = Duration::from_millis(200);
+/// A line longer than this is split (with the prefix repeated), so a replica
+/// that never prints a newline cannot make the spoke buffer without bound.
+pub const MAX_LINE_BYTES: usize = 16 * 1024;
+/// Bytes read from a pipe at once.
+const PIPE_READ_BYTES: usize = 8 * 1024;
+/// Pieces in flight from the pipes to the log writer; the pipes block (and so
+/// do the replicas' writes) when the writer falls this far behind.
+pub const LOG_PIPE_CHANNEL_CAPACITY: usize = 64;
+
+/// Turns a byte stream into whole lines that each start with `prefix`, so the
+/// output of several replicas interleaves by lines, never mid-line.
+#[derive(Debug)]
+pub struct LineSplitter {
+    prefix: Vec<u8>,
+    pending: Vec<u8>,
+}
+
+impl LineSplitter {
+    pub fn new(prefix: &str) -> Self {
+        LineSplitter {
+            prefix: prefix.as_bytes().to_vec(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Returns the complete (prefixed) lines `data` finishes; keeps the rest.
+    pub fn feed(&mut self, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &byte in data {
+            self.pending.push(byte);
+            if byte == b'\n' || self.pending.len() >= MAX_LINE_BYTES {
+                self.emit_pending(&mut out);
+            }
+        }
+        out
+    }
+
+    /// Returns whatever partial line is left (at end of stream).
+    pub fn finish(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if !self.pending.is_empty() {
+            self.emit_pending(&mut out);
+        }
+        out
+    }
+
+    fn emit_pending(&mut self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.prefix);
+        out.append(&mut self.pending);
+    }
+}
+
+/// Copies one replica pipe into the log writer's channel, line-prefixed when
+/// `prefix` is given (several replicas share the log), raw otherwise.
+///
+/// With `ready`, the stream must begin with `marker` (the shim's readiness
+/// line): it is stripped and `ready` fires. Anything else there is kept as
+/// output and `ready` fires anyway, as it does (by being dropped) at EOF, so
+/// a waiter is never stuck.
+pub async fn pump(
+    mut reader: impl AsyncRead + Unpin,
+    prefix: Option<String>,
+    tx: mpsc::Sender<Vec<u8>>,
+    ready: Option<(&'static [u8], oneshot::Sender<()>)>,
+) {
+    let mut splitter = prefix.as_deref().map(LineSplitter::new);
+    let mut buf = vec![0u8; PIPE_READ_BYTES];
+    if let Some((marker, ready_tx)) = ready {
+        let mut head = Vec::with_capacity(marker.len());
+        while head.len() < marker.len() {
+            let want = marker.len() - head.len();
+            match reader.read(&mut buf[..want]).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+            if !marker.starts_with(&head) {
+                break;
+            }
+        }
+        let _ = ready_tx.send(());
+        if head != marker && !head.is_empty() {
+            let data = match splitter.as_mut() {
+                Some(s) => s.feed(&head),
+                None => head,
+            };
+            if !data.is_empty() && tx.send(data).await.is_err() {
+                return;
+            }
+        }
+    }
+    loop {
+        let n = match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let data = match splitter.as_mut() {
+            Some(s) => s.feed(&buf[..n]),
+            None => buf[..n].to_vec(),
+        };
+        if !data.is_empty() && tx.send(data).await.is_err() {
+            return;
+        }
+    }
+    if let Some(rest) = splitter.as_mut().map(LineSplitter::finish)
+        && !rest.is_empty()
+    {
+        let _ = tx.send(rest).await;
+    }
+}
+
+/// Appends everything the pumps send to the log file and emits it as
+/// `LogChunk`s (at most [`MAX_LOG_CHUNK_BYTES`], at least every
+/// [`LOG_FLUSH_INTERVAL`]) until every pump has hung up.
+pub async fn write_log(
+    mut file: tokio::fs::File,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    workload_id: u64,
+    epoch: u64,
+    events: mpsc::Sender<Event>,
+) {
+    let mut offset: u64 = 0;
+    let mut buf: Vec<u8> = Vec::new();
+    let mut flush_at: Option<Instant> = None;
+    let mut file_ok = true;
+    loop {
+        let deadline = flush_at.unwrap_or_else(|| Instant::now() + LOG_FLUSH_INTERVAL);
+        tokio::select! {
+            piece = rx.recv() => {
+                let Some(piece) = piece else { break };
+                if file_ok && let Err(e) = file.write_all(&piece).await {
+                    tracing::warn!(workload_id, epoch, error = %e, "cannot write workload log file");
+                    file_ok = false;
+                }
+                buf.extend_from_slice(&piece);
+                if flush_at.is_none() {
+                    flush_at = Some(Instant::now() + LOG_FLUSH_INTERVAL);
+                }
+                while buf.len() >= MAX_LOG_CHUNK_BYTES {
+                    let rest = buf.split_off(MAX_LOG_CHUNK_BYTES);
+                    let full = std::mem::replace(&mut buf, rest);
+                    file_ok = flush_file(&mut file, file_ok).await;
+                    if !emit(&events, workload_id, epoch, &mut offset, full).await {
+                        return;
+                    }
+                }
+                if buf.is_empty() {
+                    flush_at = None;
+                }
+            }
+            () = tokio::time::sleep_until(deadline), if flush_at.is_some() => {
+                flush_at = None;
+                file_ok = flush_file(&mut file, file_ok).await;
+                let data = std::mem::take(&mut buf);
+                if !emit(&events, workload_id, epoch, &mut offset, data).await {
+                    return;
+                }
+            }
+        }
+    }
+    flush_file(&mut file, file_ok).await;
+    if !buf.is_empty() {
+        emit(&events, workload_id, epoch, &mut offset, buf).await;
+    }
+}
+
+/// Flushes so the file holds at least what the hub is told it holds.
+async fn flush_file(file: &mut tokio::fs::File, ok: bool) -> bool {
+    if !ok {
+        return false;
+    }
+    match file.flush().await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot flush workload log file");
+            false
+        }
+    }
+}
+
+async fn emit(
+    events: &mpsc::Sender<Event>,
+    workload_id: u64,
+    epoch: u64,
+    offset: &mut u64,
+    data: Vec<u8>,
+) -> bool {
+    if data.is_empty() {
+        return true;
+    }
+    let len = data.len() as u64;
+    let chunk = pb::LogChunk {
+        workload_id,
+        epoch,
+        offset: *offset,
+        data,
+    };
+    *offset += len;
+    events.send(Event::Log(chunk)).await.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splitter_prefixes_whole_lines_only() {
+        let mut s = LineSplitter::new("[r1] ");
+        assert_eq!(s.feed(b"hel"), b"");
+        assert_eq!(s.feed(b"lo\nwor"), b"[r1] hello\n");
+        assert_eq!(s.feed(b"ld\n\n"), b"[r1] world\n[r1] \n");
+        assert_eq!(s.feed(b"tail"), b"");
+        assert_eq!(s.finish(), b"[r1] tail");
+        assert_eq!(s.finish(), b"");
+    }
+
+    #[test]
+    fn splitter_splits_overlong_lines() {
+        let mut s = LineSplitter::new("[r0] ");
+        let long = vec![b'x'; MAX_LINE_BYTES + 10];
+        let out = s.feed(&long);
+        assert_eq!(out.len(), 5 + MAX_LINE_BYTES);
+        assert_eq!(s.finish().len(), 5 + 10);
+    }
+
+    async fn pumped(input: &[u8], prefix: Option<&str>) -> (Vec<u8>, bool) {
+        let (tx, mut rx) = mpsc::channel(16);
+        let (ready_tx, ready_rx) = oneshot::channel();
+        pump(
+            input,
+            prefix.map(String::from),
+            tx,
+            Some((b"READY\n", ready_tx)),
+        )
+        .await;
+        let mut out = Vec::new();
+        while let Ok(piece) = rx.try_recv() {
+            out.extend(piece);
+        }
+        (out, ready_rx.await.is_ok())
+    }
+
+    #[tokio::test]
+    async fn pump_strips_the_ready_marker_and_keeps_anything_else() {
+        assert_eq!(
+            pumped(b"READY\nhello\n", None).await,
+            (b"hello\n".to_vec(), true)
+        );
+        assert_eq!(
+            pumped(b"READY\nhi\n", Some("[r1] ")).await,
+            (b"[r1] hi\n".to_vec(), true)
+        );
+        assert_eq!(pumped(b"REXXX\n", None).await, (b"REXXX\n".to_vec(), true));
+        assert_eq!(pumped(b"", None).await, (Vec::new(), true));
+    }
+
+    #[tokio::test]
+    async fn writer_chunks_at_limit_and_offsets_add_up() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        let file = tokio::fs::File::create(&path).await.expect("create");
+        let (tx, rx) = mpsc::channel(4);
+        let (etx, mut erx) = mpsc::channel(64);
+        let writer = tokio::spawn(write_log(file, rx, 7, 2, etx));
+        let big = vec![b'a'; MAX_LOG_CHUNK_BYTES * 2 + 100];
+        tx.send(big.clone()).await.expect("send");
+        drop(tx);
+        writer.await.expect("writer");
+        let mut chunks = Vec::new();
+        while let Ok(Event::Log(c)) = erx.try_recv() {
+            chunks.push(c);
+        }
+        let sizes: Vec<usize> = chunks.iter().map(|c| c.data.len()).collect();
+        assert_eq!(sizes, vec![MAX_LOG_CHUNK_BYTES, MAX_LOG_CHUNK_BYTES, 100]);
+        let offsets: Vec<u64> = chunks.iter().map(|c| c.offset).collect();
+        assert_eq!(
+            offsets,
+            vec![
+                0,
+                MAX_LOG_CHUNK_BYTES as u64,
+                2 * MAX_LOG_CHUNK_BYTES as u64
+            ]
+        );
+        assert!(chunks.iter().all(|c| c.workload_id == 7 && c.epoch == 2));
+        assert_eq!(std::fs::read(&path).expect("read"), big);
+    }
+
+    #[tokio::test]
+    async fn writer_coalesces_small_writes_within_the_flush_interval() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = tokio::fs::File::create(dir.path().join("log"))
+            .await
+            .expect("create");
+        let (tx, rx) = mpsc::channel(4);
+        let (etx, mut erx) = mpsc::channel(64);
+        let writer = tokio::spawn(write_log(file, rx, 1, 1, etx));
+        tx.send(b"a".to_vec()).await.expect("send");
+        tx.send(b"b".to_vec()).await.expect("send");
+        let first = tokio::time::timeout(LOG_FLUSH_INTERVAL * 2, erx.recv())
+            .await
+            .expect("flushed within the interval");
+        match first {
+            Some(Event::Log(c)) => assert_eq!(c.data, b"ab"),
+            other => panic!("expected a log chunk, got {other:?}"),
+        }
+        tx.send(b"c".to_vec()).await.expect("send");
+        drop(tx);
+        writer.await.expect("writer");
+        match erx.recv().await {
+            Some(Event::Log(c)) => {
+                assert_eq!(c.data, b"c");
+                assert_eq!(c.offset, 2);
+            }
+            other => panic!("expected a log chunk, got {other:?}"),
+        }
+    }
+}

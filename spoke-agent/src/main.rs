@@ -1,0 +1,138 @@
+//! `axle-spoke`: the per-cluster agent binary. Parses flags, discovers or
+//! declares GPUs, and runs the spoke until SIGINT/SIGTERM.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use axle_spoke_agent::{SpokeConfig, discover_gpus, maybe_run_shim, parse_gpu_decl, run};
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "axle-spoke",
+    version,
+    about = "Axle spoke agent: runs one cluster's GPU workloads for the hub"
+)]
+struct Args {
+    /// The hub's gRPC address.
+    #[arg(
+        long = "hub",
+        env = "AXLE_HUB_GRPC",
+        default_value = "http://127.0.0.1:7071",
+        value_name = "URL"
+    )]
+    hub_url: String,
+    /// Name of this cluster.
+    #[arg(long, value_name = "NAME", value_parser = parse_cluster)]
+    cluster: String,
+    /// Region the cluster is in.
+    #[arg(long, default_value = "local", value_name = "R")]
+    region: String,
+    /// A label `k=v` (repeatable).
+    #[arg(long = "label", value_name = "K=V", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// Declared GPUs of one node, `COUNTxMODEL[:MEMGB]`, e.g. `8xH100:80GB`
+    /// (repeatable: one node each). Without it, nvidia-smi is asked.
+    #[arg(long = "gpus", value_name = "COUNTxMODEL[:MEMGB]", value_parser = check_gpu_decl)]
+    gpus: Vec<String>,
+    /// Node names, in the order of --gpus (default node-0, node-1, …; with
+    /// nvidia-smi, the host name).
+    #[arg(long = "node", value_name = "NAME")]
+    nodes: Vec<String>,
+    /// Where logs and working directories go (default: a directory under the
+    /// system temp dir named after the cluster).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Shared secret the hub requires from spokes.
+    #[arg(long, env = "AXLE_SPOKE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+fn parse_cluster(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "invalid cluster name {s:?}: use letters, digits, '-', '_' and '.'"
+        ))
+    }
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("invalid label {s:?}: expected KEY=VALUE")),
+    }
+}
+
+fn check_gpu_decl(s: &str) -> Result<String, String> {
+    parse_gpu_decl(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(term), Ok(int)) => (term, int),
+        _ => {
+            tracing::error!("cannot install signal handlers; stop the spoke with SIGKILL");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}
+
+fn real_main(args: Args) -> anyhow::Result<()> {
+    let nodes =
+        discover_gpus(&args.gpus, &args.nodes).context("cannot determine the GPU inventory")?;
+    let gpus: usize = nodes.iter().map(|n| n.gpus.len()).sum();
+    tracing::info!(nodes = nodes.len(), gpus, "inventory");
+    let data_dir = args
+        .data_dir
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("axle-spoke-{}", args.cluster)));
+    let config = SpokeConfig {
+        hub_url: args.hub_url,
+        cluster: args.cluster,
+        region: args.region,
+        labels: args.labels.into_iter().collect::<BTreeMap<_, _>>(),
+        nodes,
+        data_dir,
+        token: args.token.filter(|t| !t.is_empty()),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(run(config, shutdown_signal()))
+}
+
+fn main() -> ExitCode {
+    maybe_run_shim();
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    match real_main(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("axle-spoke: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! HTTP API input handling: bad requests get a 4xx JSON `ApiError` naming the
+//! problem and store nothing; a repeated submit with the same idempotency key
+//! returns the first workload.
+
+use std::time::Duration;
+
+use axle_e2e::{Api, Env, request, sh};
+use axle_proto::api::ApiError;
+
+const FIXTURE: &[&str] = &["common", "api"];
+
+async fn start() -> Env {
+    Env::start(FIXTURE, &[("lab", "eu-west", &["8xH100:80GB"])]).await
+}
+
+async fn count(api: &Api) -> usize {
+    api.workloads().await.len()
+}
+
+async fn submitted_events(api: &Api) -> usize {
+    api.events()
+        .await
+        .iter()
+        .filter(|e| e.kind == "submitted")
+        .count()
+}
+
+/// Asserts `reply` is `status` with an `ApiError` body whose message holds
+/// every one of `needles`, and returns the error.
+fn expect_error(
+    what: &str,
+    reply: (u16, serde_json::Value),
+    status: u16,
+    needles: &[&str],
+) -> ApiError {
+    let (got, body) = reply;
+    assert_eq!(got, status, "{what}: expected {status}, got {got}: {body}");
+    let e: ApiError = serde_json::from_value(body.clone())
+        .unwrap_or_else(|err| panic!("{what}: body is not an ApiError ({err}): {body}"));
+    for n in needles {
+        assert!(
+            e.error.contains(n),
+            "{what}: message {:?} does not mention {n:?}",
+            e.error
+        );
+    }
+    e
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_is_refused_with_a_clear_error_and_stores_nothing() {
+    let env = start().await;
+    let api = env.api();
+
+    // A workload that finishes, for the DELETE-after-finish case.
+    let done = api
+        .submit_ok(&request("vision", 1.0, vec!["true".into()]))
+        .await;
+    let done_view = axle_e2e::wait_until(Duration::from_secs(30), "workload to succeed", || {
+        let api = api.clone();
+        async move {
+            let w = api.workload(done.id).await;
+            if w.state == "Succeeded" {
+                Ok(w)
+            } else {
+                Err(w.state)
+            }
+        }
+    })
+    .await;
+
+    let before = count(&api).await;
+    let events_before = submitted_events(&api).await;
+
+    let valid = r#""team":"vision","command":["sleep","60"]"#;
+    let cases: Vec<(&str, String, &[&str], Option<&str>)> = vec![
+        (
+            "malformed JSON",
+            r#"{"team":"vision","gpus":1,"command":["true"]"#.to_string(),
+            &["malformed"],
+            None,
+        ),
+        (
+            "unknown team",
+            r#"{"team":"nobody","gpus":1,"command":["true"]}"#.to_string(),
+            &["unknown team", "nobody"],
+            Some("team"),
+        ),
+        (
+            "unknown priority",
+            format!(r#"{{{valid},"gpus":1,"priority":"urgent"}}"#),
+            &["unknown priority", "urgent"],
+            Some("priority"),
+        ),
+        (
+            "zero GPUs",
+            format!(r#"{{{valid},"gpus":0}}"#),
+            &["gpus", "0"],
+            Some("gpus"),
+        ),
+        (
+            "negative GPUs",
+            format!(r#"{{{valid},"gpus":-1}}"#),
+            &["gpus", "-1"],
+            Some("gpus"),
+        ),
+        (
+            "9 GPUs on 8-GPU nodes",
+            format!(r#"{{{valid},"gpus":9}}"#),
+            &["9", "8"],
+            Some("gpus"),
+        ),
+        (
+            "fraction off the 0.25 granularity",
+            format!(r#"{{{valid},"gpus":0.3}}"#),
+            &["0.3", "0.25"],
+            Some("gpus"),
+        ),
+        (
+            "unknown field",
+            format!(r#"{{{valid},"gpus":1,"colour":"red"}}"#),
+            &["unknown field", "colour"],
+            None,
+        ),
+        (
+            "missing command",
+            r#"{"team":"vision","gpus":1}"#.to_string(),
+            &["command"],
+            None,
+        ),
+        (
+            "gang of zero",
+            format!(r#"{{{valid},"gpus":1,"gang":0}}"#),
+            &["gang"],
+            Some("gang"),
+        ),
+    ];
+    for (what, body, needles, field) in cases {
+        let e = expect_error(
+            what,
+            api.post_raw("/api/v1/workloads", &body).await,
+            400,
+            needles,
+        );
+        if let Some(f) = field {
+            assert_eq!(e.field.as_deref(), Some(f), "{what}: field of {e:?}");
+        }
+    }
+
+    expect_error(
+        "unknown state filter",
+        api.list("state=Bogus").await,
+        400,
+        &["unknown state", "Bogus", "Running"],
+    );
+    expect_error(
+        "unknown filter",
+        api.list("colour=red").await,
+        400,
+        &["colour"],
+    );
+    expect_error(
+        "unknown team filter",
+        api.list("team=nobody").await,
+        400,
+        &["unknown team", "nobody"],
+    );
+    expect_error(
+        "non-numeric id",
+        api.get_workload("abc").await,
+        400,
+        &["must be a number", "abc"],
+    );
+    expect_error(
+        "non-numeric id to DELETE",
+        api.delete("/api/v1/workloads/abc").await,
+        400,
+        &["must be a number"],
+    );
+    expect_error(
+        "unknown id",
+        api.get_workload("999999").await,
+        404,
+        &["999999", "not found"],
+    );
+    expect_error(
+        "non-numeric log offset",
+        api.get(&format!("/api/v1/workloads/{}/logs?offset=x", done.id))
+            .await,
+        400,
+        &["offset"],
+    );
+    expect_error(
+        "DELETE of a finished workload",
+        api.cancel(done.id).await,
+        409,
+        &["already finished", "Succeeded"],
+    );
+
+    assert_eq!(
+        count(&api).await,
+        before,
+        "a refused request stored a workload"
+    );
+    assert_eq!(
+        submitted_events(&api).await,
+        events_before,
+        "a refused request logged a submit"
+    );
+    let after = api.workload(done.id).await;
+    assert_eq!(after.state, "Succeeded");
+    assert_eq!(
+        after.history, done_view.history,
+        "the refused DELETE changed the finished workload's history"
+    );
+    // The hub still works.
+    let ok = api.submit_ok(&request("vision", 0.25, sh("exit 0"))).await;
+    assert_eq!(count(&api).await, before + 1);
+    assert!(ok.id > done.id);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_repeated_submit_with_the_same_idempotency_key_returns_the_first_workload() {
+    let env = start().await;
+    let api = env.api();
+    let mut req = request("vision", 0.5, vec!["sleep".into(), "30".into()]);
+    req.idempotency_key = Some("nightly-eval-2024-06-01".into());
+
+    let (s1, b1) = api.submit(&req).await;
+    assert_eq!(s1, 201, "first submit: {b1}");
+    let (s2, b2) = api.submit(&req).await;
+    assert_eq!(s2, 200, "repeated submit: {b2}");
+    assert_eq!(b1["id"], b2["id"], "the repeat returned another workload");
+    assert_eq!(count(&api).await, 1, "the repeat created a second workload");
+
+    // A different key is a different workload.
+    req.idempotency_key = Some("nightly-eval-2024-06-02".into());
+    let (s3, b3) = api.submit(&req).await;
+    assert_eq!(s3, 201, "submit with a new key: {b3}");
+    assert_ne!(b3["id"], b1["id"]);
+    assert_eq!(count(&api).await, 2);
+
+    // The first key still maps to the first workload.
+    req.idempotency_key = Some("nightly-eval-2024-06-01".into());
+    let (s4, b4) = api.submit(&req).await;
+    assert_eq!(s4, 200, "{b4}");
+    assert_eq!(b4["id"], b1["id"]);
+    assert_eq!(count(&api).await, 2);
+}

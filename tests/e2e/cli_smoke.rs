@@ -1,0 +1,179 @@
+//! The `axle` CLI against a real hub: submit (a fraction), get, describe,
+//! logs and cancel succeed with exit code 0; a refused submit exits 1 and an
+//! unreachable hub exits 3, each with a message saying why.
+
+use std::time::Duration;
+
+use axle_e2e::{CliOut, Env, axle_cli, free_port, wait_until};
+use axle_proto::api::WorkloadView;
+
+fn ok(what: &str, out: &CliOut) {
+    assert_eq!(out.code, 0, "{what} failed: {out:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
+    let env = Env::start(&["common", "api"], &[("lab", "eu-west", &["8xH100:80GB"])]).await;
+    let api = env.api();
+    let hub = env.hub.http_url();
+
+    // submit a fractional workload, as JSON.
+    let out = axle_cli(
+        &hub,
+        &[
+            "submit",
+            "--team",
+            "vision",
+            "--gpus",
+            "0.5",
+            "--name",
+            "hello",
+            "-o",
+            "json",
+            "--",
+            "sh",
+            "-c",
+            "echo hello-from-axle $AXLE_GPU_FRACTION",
+        ],
+    )
+    .await;
+    ok("submit", &out);
+    let w: WorkloadView = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("submit -o json printed no workload ({e}): {out:#?}"));
+    assert_eq!(
+        (w.team.as_str(), w.name.as_str(), w.gpus),
+        ("vision", "hello", 0.5)
+    );
+    let id = w.id;
+    wait_until(
+        Duration::from_secs(30),
+        "the CLI's workload to succeed",
+        || {
+            let api = api.clone();
+            async move {
+                let w = api.workload(id).await;
+                if w.state == "Succeeded" {
+                    Ok(())
+                } else {
+                    Err(w.state)
+                }
+            }
+        },
+    )
+    .await;
+
+    // get workloads -o json
+    let out = axle_cli(&hub, &["get", "workloads", "-o", "json"]).await;
+    ok("get workloads", &out);
+    let list: Vec<WorkloadView> = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("get -o json is not a workload list ({e}): {out:#?}"));
+    assert!(
+        list.iter().any(|x| x.id == id && x.state == "Succeeded"),
+        "{list:#?}"
+    );
+
+    // describe workload
+    let out = axle_cli(&hub, &["describe", "workload", &id.to_string()]).await;
+    ok("describe", &out);
+    for needle in [
+        id.to_string().as_str(),
+        "hello",
+        "vision",
+        "Succeeded",
+        "lab",
+    ] {
+        assert!(
+            out.stdout.contains(needle),
+            "describe lacks {needle:?}:\n{}",
+            out.stdout
+        );
+    }
+
+    // logs
+    let out = axle_cli(&hub, &["logs", &id.to_string()]).await;
+    ok("logs", &out);
+    assert!(
+        out.stdout.contains("hello-from-axle 0.5"),
+        "logs should hold the workload's output:\n{}",
+        out.stdout
+    );
+
+    // cancel a running sleep
+    let out = axle_cli(
+        &hub,
+        &[
+            "submit", "--team", "vision", "--gpus", "1", "--", "sleep", "60",
+        ],
+    )
+    .await;
+    ok("submit sleep", &out);
+    let sleeper: u64 = out
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no id in {:?}", out.stdout));
+    wait_until(Duration::from_secs(30), "the sleep to run", || {
+        let api = api.clone();
+        async move {
+            let w = api.workload(sleeper).await;
+            if w.state == "Running" {
+                Ok(())
+            } else {
+                Err(w.state)
+            }
+        }
+    })
+    .await;
+    let out = axle_cli(&hub, &["cancel", &sleeper.to_string()]).await;
+    ok("cancel", &out);
+    assert!(out.stdout.contains(&sleeper.to_string()), "{out:#?}");
+    wait_until(Duration::from_secs(30), "the sleep to be cancelled", || {
+        let api = api.clone();
+        async move {
+            let w = api.workload(sleeper).await;
+            if w.state == "Cancelled" {
+                Ok(())
+            } else {
+                Err(w.state)
+            }
+        }
+    })
+    .await;
+    let out = axle_cli(
+        &hub,
+        &["describe", "workload", &sleeper.to_string(), "-o", "json"],
+    )
+    .await;
+    ok("describe -o json", &out);
+    let w: WorkloadView = serde_json::from_str(&out.stdout).expect("workload JSON");
+    assert_eq!(w.state, "Cancelled");
+    assert!(
+        w.history.iter().any(|h| h.reason.contains("cancelled")),
+        "{:#?}",
+        w.history
+    );
+
+    // A refused submit exits 1 and says why; nothing is stored.
+    let before = api.workloads().await.len();
+    let out = axle_cli(
+        &hub,
+        &["submit", "--team", "nobody", "--gpus", "1", "--", "true"],
+    )
+    .await;
+    assert_eq!(out.code, 1, "refused submit: {out:#?}");
+    assert!(out.stderr.contains("unknown team"), "{out:#?}");
+    assert_eq!(api.workloads().await.len(), before);
+
+    // An unreachable hub exits 3.
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let out = axle_cli(&nowhere, &["get", "workloads"]).await;
+    assert_eq!(out.code, 3, "unreachable hub: {out:#?}");
+    assert!(out.stderr.contains("error"), "{out:#?}");
+    let out = axle_cli(
+        &nowhere,
+        &["submit", "--team", "vision", "--gpus", "1", "--", "true"],
+    )
+    .await;
+    assert_eq!(out.code, 3, "submit to an unreachable hub: {out:#?}");
+}
