@@ -63,10 +63,22 @@ pub(crate) fn validate(state: &State, spec: &WorkloadSpec) -> Result<(), Request
         None => (0..state.models.len() as u16).collect(),
     };
     // Some model must have quota, a limit that admits the request, and nodes big enough.
-    let mut first_err = None;
+    // The most telling refusal wins: a shape no node can hold says more than
+    // one model's quota limit, which says more than a missing quota.
+    let mut first_err: Option<RequestError> = None;
+    let mut note = |e: RequestError| {
+        let rank = |e: &RequestError| match e {
+            RequestError::NeverFitsNode { .. } => 3,
+            RequestError::AboveLimit { .. } => 2,
+            _ => 1,
+        };
+        if first_err.as_ref().is_none_or(|f| rank(&e) > rank(f)) {
+            first_err = Some(e);
+        }
+    };
     for &m in &models {
         let Some(slot) = team_info.charge[m as usize] else {
-            first_err.get_or_insert(RequestError::NoQuota {
+            note(RequestError::NoQuota {
                 team: spec.team.clone(),
                 model: state.models[m as usize].clone(),
             });
@@ -74,7 +86,7 @@ pub(crate) fn validate(state: &State, spec: &WorkloadSpec) -> Result<(), Request
         };
         let (class, _, limit) = &team_info.slots[slot as usize];
         if spec.total_gpus() > *limit {
-            first_err.get_or_insert(RequestError::AboveLimit {
+            note(RequestError::AboveLimit {
                 team: spec.team.clone(),
                 class: class.clone(),
                 requested: spec.total_gpus(),
@@ -84,7 +96,7 @@ pub(crate) fn validate(state: &State, spec: &WorkloadSpec) -> Result<(), Request
         }
         let largest = state.largest_node[m as usize];
         if !spec.allow_spread && g.whole_gpus() > u64::from(largest) {
-            first_err.get_or_insert(RequestError::NeverFitsNode {
+            note(RequestError::NeverFitsNode {
                 requested: g,
                 model: state.models[m as usize].clone(),
                 largest,
@@ -93,6 +105,7 @@ pub(crate) fn validate(state: &State, spec: &WorkloadSpec) -> Result<(), Request
         }
         return Ok(());
     }
+    drop(note);
     Err(first_err.unwrap_or(RequestError::UnknownGpuModel {
         model: spec.gpu_model.clone().unwrap_or_else(|| "any".into()),
         known: join(state.models.iter()),

@@ -95,8 +95,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         (None, false) => anyhow::bail!("--data-dir DIR is required (or --dev for a temporary one)"),
     };
     let listeners = server::Listeners::bind(args.http, args.grpc).await?;
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+    // SIGINT (Ctrl-C) or SIGTERM (systemd, kill) stop the hub gracefully.
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot handle SIGTERM")?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = sigterm.recv() => {}
+        }
     };
     if args.dev {
         dev::run(data_dir, policy, listeners, shutdown).await
