@@ -105,7 +105,6 @@ pub(crate) fn validate(state: &State, spec: &WorkloadSpec) -> Result<(), Request
         }
         return Ok(());
     }
-    drop(note);
     Err(first_err.unwrap_or(RequestError::UnknownGpuModel {
         model: spec.gpu_model.clone().unwrap_or_else(|| "any".into()),
         known: join(state.models.iter()),
