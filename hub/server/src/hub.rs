@@ -1267,7 +1267,31 @@ impl Inner {
                 }
             }
             pb::Phase::Succeeded | pb::Phase::Failed => {
-                if stopping_here && !current {
+                if stopping_here && phase == pb::Phase::Succeeded {
+                    // It finished on its own before the stop reached it: the
+                    // work is done, so it is not re-queued (nor cancelled).
+                    let w = self.workloads.get_mut(&id).expect("exists");
+                    w.stopping = None;
+                    transition(
+                        w,
+                        WEvent::Succeeded,
+                        now,
+                        "exited 0 before its stop took effect".into(),
+                    );
+                    w.finished_at_ms = Some(now);
+                    w.exit_code = Some(0);
+                    self.state.remove(id);
+                    self.save(fx, id);
+                    self.event(
+                        fx,
+                        now,
+                        "succeeded",
+                        Some(id),
+                        Some(cluster),
+                        format!("workload {id} exited 0 before its stop took effect"),
+                    );
+                    self.changed();
+                } else if stopping_here && !current {
                     self.stopped(cluster, id, s.epoch, fx, now);
                 } else if current {
                     let ok = phase == pb::Phase::Succeeded;

@@ -83,8 +83,10 @@ pub fn step(from: WState, event: WEvent) -> Result<WState, IllegalTransition> {
     let to = match (from, event) {
         (S::Pending, E::Place) => S::Placed,
         (S::Placed, E::Started) => S::Running,
-        // A spoke may report the exit before we saw the start (fast jobs, reconnects).
-        (S::Placed | S::Running, E::Succeeded) => S::Succeeded,
+        // A spoke may report the exit before we saw the start (fast jobs,
+        // reconnects); a preempted workload may exit 0 on its own before its
+        // stop reaches it (Pending while the stop is being confirmed).
+        (S::Pending | S::Placed | S::Running, E::Succeeded) => S::Succeeded,
         (S::Placed | S::Running, E::Failed) => S::Failed,
         (S::Placed | S::Running, E::Preempt) => S::Pending,
         (S::Placed | S::Running, E::Requeue) => S::Pending,
@@ -133,7 +135,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(legal, 13);
+        assert_eq!(legal, 14);
     }
 
     #[test]

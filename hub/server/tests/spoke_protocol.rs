@@ -1,0 +1,263 @@
+//! The hub's side of the spoke protocol, driven by a scripted spoke over a
+//! real gRPC stream: assignments, preemption stops, fencing of stale epochs,
+//! and a preempted workload that finishes before its stop takes effect.
+
+use std::time::Duration;
+
+use axle_hub::server;
+use axle_proto::pb;
+use axle_proto::pb::hub_message::Msg as Down;
+use axle_proto::pb::spoke_message::Msg as Up;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+
+const POLICY: &str = r#"
+apiVersion: axle.dev/v1
+kind: Cluster
+metadata: {name: c1}
+spec:
+  region: test
+  nodes: [{count: 1, gpuModel: H100, gpusPerNode: 1}]
+---
+apiVersion: axle.dev/v1
+kind: Team
+metadata: {name: owners}
+spec:
+  quotas: {H100: {guaranteed: 1, limit: 1}}
+---
+apiVersion: axle.dev/v1
+kind: Team
+metadata: {name: borrowers}
+spec:
+  quotas: {H100: {guaranteed: 0, limit: 1}}
+"#;
+
+struct Spoke {
+    tx: mpsc::Sender<pb::SpokeMessage>,
+    rx: tonic::Streaming<pb::HubMessage>,
+}
+
+impl Spoke {
+    async fn connect(url: &str, running: Vec<pb::RunningWorkload>) -> Spoke {
+        let mut client = loop {
+            match pb::spoke_service_client::SpokeServiceClient::connect(url.to_string()).await {
+                Ok(c) => break c,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        let (tx, rx) = mpsc::channel(16);
+        tx.send(up(Up::Register(pb::Register {
+            cluster: "c1".into(),
+            region: "test".into(),
+            nodes: vec![pb::Node {
+                name: "n0".into(),
+                gpus: vec![pb::Gpu {
+                    index: 0,
+                    model: "H100".into(),
+                    memory_mb: 81920,
+                }],
+            }],
+            instance_id: "scripted".into(),
+            running,
+            ..Default::default()
+        })))
+        .await
+        .expect("send register");
+        let mut rx = client
+            .session(ReceiverStream::new(rx))
+            .await
+            .expect("session")
+            .into_inner();
+        match next(&mut rx).await {
+            Down::Registered(r) => assert_eq!(r.cluster, "c1"),
+            other => panic!("expected Registered, got {other:?}"),
+        }
+        Spoke { tx, rx }
+    }
+
+    async fn status(&self, id: u64, epoch: u64, phase: pb::Phase, exit_code: i32) {
+        self.tx
+            .send(up(Up::Status(pb::WorkloadStatus {
+                workload_id: id,
+                epoch,
+                phase: phase as i32,
+                exit_code,
+                message: String::new(),
+            })))
+            .await
+            .expect("send status");
+    }
+}
+
+fn up(m: Up) -> pb::SpokeMessage {
+    pb::SpokeMessage { msg: Some(m) }
+}
+
+async fn next(rx: &mut tonic::Streaming<pb::HubMessage>) -> Down {
+    let m = tokio::time::timeout(Duration::from_secs(10), rx.next())
+        .await
+        .expect("a hub message within 10 s")
+        .expect("stream open")
+        .expect("message");
+    m.msg.expect("non-empty")
+}
+
+async fn start_hub() -> (
+    String,
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tempfile::TempDir,
+) {
+    let data = tempfile::tempdir().expect("tempdir");
+    let policy = axle_policy::load_sources(&[("p.yaml".to_string(), POLICY.to_string())])
+        .expect("policy")
+        .policy;
+    let listeners = server::Listeners::bind(
+        "127.0.0.1:0".parse().expect("addr"),
+        "127.0.0.1:0".parse().expect("addr"),
+    )
+    .await
+    .expect("bind");
+    let grpc = format!("http://{}", listeners.grpc.local_addr().expect("addr"));
+    let http = format!("http://{}", listeners.http.local_addr().expect("addr"));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let dir = data.path().to_path_buf();
+    tokio::spawn(async move {
+        let stop = async move {
+            let _ = stop_rx.await;
+        };
+        server::run(dir, policy, None, listeners, stop)
+            .await
+            .expect("hub");
+    });
+    (grpc, http, stop_tx, data)
+}
+
+async fn submit(url: &str, team: &str, priority: &str) -> u64 {
+    let mut c = loop {
+        match pb::user_service_client::UserServiceClient::connect(url.to_string()).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    c.submit(pb::SubmitRequest {
+        team: team.into(),
+        command: vec!["work".into()],
+        gpus: 1.0,
+        priority: priority.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("submit")
+    .into_inner()
+    .id
+}
+
+async fn workload(url: &str, id: u64) -> pb::Workload {
+    let mut c = pb::user_service_client::UserServiceClient::connect(url.to_string())
+        .await
+        .expect("connect");
+    c.get_workload(pb::GetWorkloadRequest { id })
+        .await
+        .expect("get")
+        .into_inner()
+}
+
+async fn wait_state(url: &str, id: u64, state: &str) -> pb::Workload {
+    for _ in 0..200 {
+        let w = workload(url, id).await;
+        if w.state == state {
+            return w;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!(
+        "workload {id} never reached {state}: {:?}",
+        workload(url, id).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn preemption_stop_then_assign_and_early_exit_counts_as_success() {
+    let (grpc, _http, stop, _data) = start_hub().await;
+    let mut spoke = Spoke::connect(&grpc, Vec::new()).await;
+
+    let batch = submit(&grpc, "borrowers", "batch").await;
+    let Down::Assign(a) = next(&mut spoke.rx).await else {
+        panic!("expected an assignment")
+    };
+    assert_eq!((a.workload_id, a.epoch), (batch, 1));
+    assert_eq!(a.replicas[0].gpus[0].index, 0);
+    spoke.status(batch, 1, pb::Phase::Started, 0).await;
+    wait_state(&grpc, batch, "Running").await;
+
+    // The owners reclaim their guaranteed GPU with higher priority work.
+    let training = submit(&grpc, "owners", "training").await;
+    let Down::Stop(s) = next(&mut spoke.rx).await else {
+        panic!("expected the victim's stop first")
+    };
+    assert_eq!((s.workload_id, s.epoch), (batch, 1));
+    assert_eq!(s.reason, pb::StopReason::Preempted as i32);
+    let Down::Assign(a) = next(&mut spoke.rx).await else {
+        panic!("expected the preemptor's assignment after the stop")
+    };
+    assert_eq!(a.workload_id, training);
+
+    // The victim exits 0 on its own before the stop takes effect: it is done.
+    spoke.status(batch, 1, pb::Phase::Succeeded, 0).await;
+    let w = wait_state(&grpc, batch, "Succeeded").await;
+    assert_eq!(w.exit_code, 0);
+    assert!(
+        w.history
+            .iter()
+            .any(|t| t.reason.contains("preempted for workload"))
+    );
+    let _ = stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stale_epochs_are_fenced_and_a_preempted_workload_waits_for_its_stop() {
+    let (grpc, _http, stop, _data) = start_hub().await;
+    let mut spoke = Spoke::connect(&grpc, Vec::new()).await;
+
+    let batch = submit(&grpc, "borrowers", "batch").await;
+    let Down::Assign(_) = next(&mut spoke.rx).await else {
+        panic!("expected an assignment")
+    };
+    spoke.status(batch, 1, pb::Phase::Started, 0).await;
+    wait_state(&grpc, batch, "Running").await;
+
+    // A report for an epoch the hub never assigned is fenced off.
+    spoke.status(batch, 7, pb::Phase::Started, 0).await;
+    let Down::Stop(s) = next(&mut spoke.rx).await else {
+        panic!("expected a stale stop")
+    };
+    assert_eq!((s.workload_id, s.epoch), (batch, 7));
+    assert_eq!(s.reason, pb::StopReason::Stale as i32);
+
+    let training = submit(&grpc, "owners", "training").await;
+    let Down::Stop(_) = next(&mut spoke.rx).await else {
+        panic!("expected the victim's stop")
+    };
+    let Down::Assign(_) = next(&mut spoke.rx).await else {
+        panic!("expected the preemptor's assignment")
+    };
+    // Until the stop is confirmed the victim waits, and is not placed again.
+    let w = wait_state(&grpc, batch, "Pending").await;
+    assert!(
+        w.pending_reason.contains("waiting for its stop"),
+        "{}",
+        w.pending_reason
+    );
+    spoke.status(batch, 1, pb::Phase::Stopped, 143).await;
+    spoke.status(training, 1, pb::Phase::Started, 0).await;
+    wait_state(&grpc, training, "Running").await;
+    spoke.status(training, 1, pb::Phase::Succeeded, 0).await;
+    // The GPU frees and the victim runs again, as epoch 2.
+    let Down::Assign(a) = next(&mut spoke.rx).await else {
+        panic!("expected the victim to be assigned again")
+    };
+    assert_eq!((a.workload_id, a.epoch), (batch, 2));
+    let _ = stop.send(());
+}
