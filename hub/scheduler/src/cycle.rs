@@ -976,27 +976,30 @@ impl<'s> Work<'s> {
             let reclaim =
                 self.usage[team as usize][slot as usize] + spec.total_gpus() <= *guaranteed;
             // Scopes: single nodes, or whole clusters for gangs and spread work.
-            let scopes: Vec<(u32, Vec<u32>)> = if single {
-                self.s
-                    .nodes
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, n)| n.model == m && self.node_ok(spec, *i as u32))
-                    .map(|(i, n)| (n.cluster, vec![i as u32]))
-                    .collect()
+            // Built lazily: the scan often stops at the first ideal scope.
+            let scopes: Box<dyn Iterator<Item = (u32, Vec<u32>)> + '_> = if single {
+                Box::new(
+                    self.s
+                        .nodes
+                        .iter()
+                        .enumerate()
+                        .filter(move |(i, n)| n.model == m && self.node_ok(spec, *i as u32))
+                        .map(|(i, n)| (n.cluster, vec![i as u32])),
+                )
             } else {
-                (0..self.s.clusters.len() as u32)
-                    .filter(|&c| self.cluster_ok(spec, c))
-                    .map(|c| {
-                        let ns = self.s.clusters[c as usize]
-                            .nodes
-                            .iter()
-                            .copied()
-                            .filter(|&n| self.s.nodes[n as usize].model == m)
-                            .collect();
-                        (c, ns)
-                    })
-                    .collect()
+                Box::new(
+                    (0..self.s.clusters.len() as u32)
+                        .filter(move |&c| self.cluster_ok(spec, c))
+                        .map(move |c| {
+                            let ns = self.s.clusters[c as usize]
+                                .nodes
+                                .iter()
+                                .copied()
+                                .filter(|&n| self.s.nodes[n as usize].model == m)
+                                .collect();
+                            (c, ns)
+                        }),
+                )
             };
             for (cluster, nodes) in scopes {
                 // Candidate victims in this scope, cheapest first.
