@@ -213,6 +213,24 @@ struct ShapeKey<'a> {
     regions: &'a [String],
 }
 
+/// Does a failure recorded this cycle prove that `key` fails too?
+fn dominated(failed: &BTreeMap<ShapeKey<'_>, PendingReason>, key: &ShapeKey<'_>) -> bool {
+    // Failures of the same team and class sort together, from this bound on.
+    let first = ShapeKey {
+        team: key.team,
+        class: key.class,
+        model: None,
+        gpus: Milli::ZERO,
+        replicas: 0,
+        spread: false,
+        regions: &[],
+    };
+    failed
+        .range(first..)
+        .take_while(|(f, _)| f.team == key.team && f.class == key.class)
+        .any(|(f, _)| f.dominates(key))
+}
+
 impl ShapeKey<'_> {
     /// Does a failure of `self` imply a failure of `other`? True when `other`
     /// asks for at least as much under at least the same constraints.
@@ -381,15 +399,6 @@ impl<'s> Work<'s> {
         let Some(shapes) = self.s.queue_shapes.get(key) else {
             return true;
         };
-        let lo = ShapeKey {
-            team,
-            class,
-            model: None,
-            gpus: Milli::ZERO,
-            replicas: 0,
-            spread: false,
-            regions: &[],
-        };
         shapes.keys().all(|shape| {
             let k = ShapeKey {
                 team,
@@ -400,10 +409,7 @@ impl<'s> Work<'s> {
                 spread: shape.spread,
                 regions: &shape.regions,
             };
-            failed
-                .range(lo..)
-                .take_while(|(f, _)| f.team == team && f.class == class)
-                .any(|(f, _)| f.dominates(&k))
+            dominated(failed, &k)
         })
     }
 
@@ -518,20 +524,7 @@ impl<'s> Work<'s> {
         if !self.explain {
             // A failed request of this group that asks for no more than this
             // one under the same constraints proves this one fails too.
-            let lo = ShapeKey {
-                team,
-                class,
-                model: None,
-                gpus: Milli::ZERO,
-                replicas: 0,
-                spread: false,
-                regions: &[],
-            };
-            let dominated = failed
-                .range(lo..)
-                .take_while(|(k, _)| k.team == team && k.class == class)
-                .any(|(k, _)| k.dominates(&key));
-            if dominated {
+            if dominated(failed, &key) {
                 return Err(PendingReason::NotEvaluated);
             }
         }

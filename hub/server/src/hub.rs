@@ -1143,25 +1143,13 @@ impl Inner {
                     c.unconfirmed.insert(id);
                 }
             } else {
-                let w = self.workloads.get_mut(&id).expect("listed");
-                transition(
-                    w,
-                    WEvent::Requeue,
-                    now,
-                    format!("re-queued: spoke {cluster} no longer runs it"),
-                );
-                w.placement = None;
-                self.state.requeue(id);
-                self.save(fx, id);
-                self.event(
+                self.requeue(
                     fx,
                     now,
-                    "requeued",
-                    Some(id),
-                    Some(cluster),
-                    format!("workload {id} re-queued: spoke {cluster} no longer runs it"),
+                    id,
+                    cluster,
+                    &format!("spoke {cluster} no longer runs it"),
                 );
-                self.changed();
             }
         }
     }
@@ -1193,30 +1181,19 @@ impl Inner {
                 if reported.contains(&id) {
                     continue;
                 }
-                let Some(w) = self.workloads.get_mut(&id) else {
+                let Some(w) = self.workloads.get(&id) else {
                     continue;
                 };
                 if w.state == WState::Running
                     && w.placement.as_ref().is_some_and(|p| p.cluster == cluster)
                 {
-                    transition(
-                        w,
-                        WEvent::Requeue,
-                        now,
-                        format!("re-queued: spoke {cluster} restarted without it"),
-                    );
-                    w.placement = None;
-                    self.state.requeue(id);
-                    self.save(fx, id);
-                    self.event(
+                    self.requeue(
                         fx,
                         now,
-                        "requeued",
-                        Some(id),
-                        Some(cluster),
-                        format!("workload {id} re-queued: spoke {cluster} restarted without it"),
+                        id,
+                        cluster,
+                        &format!("spoke {cluster} restarted without it"),
                     );
-                    self.changed();
                 }
             }
         }
@@ -1340,21 +1317,40 @@ impl Inner {
                     self.stopped(cluster, id, s.epoch, fx, now);
                 } else if current {
                     // Stopped without being asked (the spoke shut down): re-queue.
-                    let w = self.workloads.get_mut(&id).expect("exists");
-                    transition(
-                        w,
-                        WEvent::Requeue,
+                    self.requeue(
+                        fx,
                         now,
-                        format!("re-queued: stopped on {cluster}: {}", s.message),
+                        id,
+                        cluster,
+                        &format!("stopped on {cluster}: {}", s.message),
                     );
-                    w.placement = None;
-                    self.state.requeue(id);
-                    self.save(fx, id);
-                    self.changed();
                 }
             }
             pb::Phase::Unspecified => {}
         }
+    }
+
+    /// Puts a placed or running workload back in the queue (its spoke no
+    /// longer runs it), with its original submit time.
+    fn requeue(&mut self, fx: &mut Effects, now: u64, id: u64, cluster: &str, why: &str) {
+        let Some(w) = self.workloads.get_mut(&id) else {
+            return;
+        };
+        if !transition(w, WEvent::Requeue, now, format!("re-queued: {why}")) {
+            return;
+        }
+        w.placement = None;
+        self.state.requeue(id);
+        self.save(fx, id);
+        self.event(
+            fx,
+            now,
+            "requeued",
+            Some(id),
+            Some(cluster),
+            format!("workload {id} re-queued: {why}"),
+        );
+        self.changed();
     }
 
     /// A requested stop is confirmed: a preempted workload may now run again,
