@@ -89,6 +89,13 @@ pub struct Agent {
     shutting_down: bool,
     /// Log chunks the outbox had dropped when we last said so.
     dropped_logs_reported: u64,
+    /// Self-fencing (from `Registered`; zero: off): with no word from the
+    /// hub for this long, stop every workload, since the hub re-queues them.
+    fence_after: Duration,
+    /// When the hub last acknowledged us (Registered or HeartbeatAck).
+    last_ack: Instant,
+    /// The workloads were stopped for lack of word from the hub; cleared by the next ack.
+    fenced: bool,
 }
 
 /// A random-enough id per spoke process: pid plus the clock's nanoseconds.
@@ -171,6 +178,9 @@ impl Agent {
             next_heartbeat: Instant::now(),
             shutting_down: false,
             dropped_logs_reported: 0,
+            fence_after: Duration::ZERO,
+            last_ack: Instant::now(),
+            fenced: false,
         }
     }
 
@@ -196,6 +206,11 @@ impl Agent {
             let can_send = sender.is_some();
             let heartbeat_on = registered.is_some();
             let next_heartbeat = self.next_heartbeat;
+            let fence_on = !self.fence_after.is_zero()
+                && !self.fenced
+                && !self.shutting_down
+                && (!self.live.is_empty() || !self.pending.is_empty());
+            let fence_at = self.last_ack + self.fence_after;
             tokio::select! {
                 () = &mut shutdown, if !self.shutting_down => self.begin_shutdown(),
                 input = inputs.recv() => match input {
@@ -206,6 +221,7 @@ impl Agent {
                 permit = reserve(sender), if can_send => self.send_one(permit),
                 () = tokio::time::sleep_until(next_heartbeat), if heartbeat_on => self.send_heartbeat(),
                 _ = gpu_check.tick(), if !self.pending.is_empty() => self.check_pending(),
+                () = tokio::time::sleep_until(fence_at), if fence_on => self.fence(),
             }
         }
         self.flush_before_exit(&mut inputs).await;
@@ -281,6 +297,10 @@ impl Agent {
                 Some(pb::hub_message::Msg::Registered(r)) => self.on_registered(&r),
                 Some(pb::hub_message::Msg::Assign(a)) => self.on_assign(a),
                 Some(pb::hub_message::Msg::Stop(s)) => self.on_stop(&s),
+                Some(pb::hub_message::Msg::HeartbeatAck(_)) => {
+                    self.last_ack = Instant::now();
+                    self.fenced = false;
+                }
                 None => tracing::debug!("empty hub message"),
             },
         }
@@ -291,6 +311,9 @@ impl Agent {
             return;
         };
         conn.registered = true;
+        self.fence_after = Duration::from_millis(registered.fence_after_ms);
+        self.last_ack = Instant::now();
+        self.fenced = false;
         self.heartbeat_every = match registered.heartbeat_interval_ms {
             0 => DEFAULT_HEARTBEAT_INTERVAL,
             ms => Duration::from_millis(ms).max(MIN_HEARTBEAT_INTERVAL),
@@ -654,6 +677,39 @@ impl Agent {
                     message,
                 ));
             }
+        }
+    }
+
+    /// No word from the hub for `fence_after`: it will declare this spoke lost
+    /// and run its workloads elsewhere, so stop them here first (each with its
+    /// grace period) — a workload never runs twice at once, even when the
+    /// spoke is alive but cut off.
+    fn fence(&mut self) {
+        self.fenced = true;
+        let why = format!(
+            "no word from the hub for {} s: stopped so it can run elsewhere",
+            self.fence_after.as_secs()
+        );
+        tracing::warn!(workloads = self.live.len(), "{why}");
+        for live in self.live.values_mut() {
+            if live.stopping {
+                continue;
+            }
+            live.stopping = true;
+            live.stop_tx.send_replace(Some(StopRequest {
+                grace: live.grace,
+                cause: StopCause::Hub(why.clone()),
+            }));
+        }
+        let waiting: Vec<Pending> = self.pending.drain(..).collect();
+        for p in waiting {
+            self.emit_terminal(make_status(
+                p.assign.workload_id,
+                p.assign.epoch,
+                pb::Phase::Stopped,
+                0,
+                format!("stopped before it started: {why}"),
+            ));
         }
     }
 

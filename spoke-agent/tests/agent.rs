@@ -436,3 +436,32 @@ async fn shutdown_stops_running_workloads() {
     drop(data_dir);
     hub.stop().await;
 }
+
+#[tokio::test]
+async fn a_spoke_cut_off_from_the_hub_stops_its_workloads() {
+    let hub = TestHub::start().await;
+    // This test hub never acknowledges heartbeats: from the spoke's side it
+    // is a hub that can no longer hear it (a partition).
+    hub.set_fence_after_ms(1500);
+    let spoke = start_spoke(&hub);
+    hub.wait_register().await;
+    hub.assign(assign(
+        40,
+        1,
+        "echo $$ > pid; exec sleep 60",
+        &[&[(0, 1000)]],
+        1,
+    ))
+    .await;
+    hub.wait_status(40, 1, pb::Phase::Started).await;
+    let pid = wait_file(&spoke.work_file(40, 1, "pid")).await;
+    let stopped = hub.wait_status(40, 1, pb::Phase::Stopped).await;
+    assert!(
+        stopped.message.contains("no word from the hub"),
+        "{}",
+        stopped.message
+    );
+    wait_gone(&pid, Duration::from_secs(5)).await;
+    spoke.shutdown().await.expect("clean shutdown");
+    hub.stop().await;
+}

@@ -39,6 +39,11 @@ pub const SPOKE_QUEUE: usize = 16_384;
 /// How often spokes heartbeat.
 pub const HEARTBEAT_INTERVAL_MS: u64 = 1000;
 
+/// Slack between a lost spoke fencing itself (no ack for `spokeLostAfter`,
+/// then the grace period) and the hub re-queueing its workloads: covers the
+/// last ack's trip and a missed heartbeat.
+pub const FENCE_MARGIN_MS: u64 = 2 * HEARTBEAT_INTERVAL_MS;
+
 /// Housekeeping tick: lost spokes, burst thresholds, and a cycle even when
 /// nothing changed (reasons age, waits pass thresholds).
 pub const TICK_MS: u64 = 1000;
@@ -1025,6 +1030,7 @@ impl Inner {
             msg: Some(pb::hub_message::Msg::Registered(pb::Registered {
                 cluster: r.cluster.clone(),
                 heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS,
+                fence_after_ms: self.policy.settings.spoke_lost_after_s * 1000,
             })),
         }));
         self.rebuild(fx, now);
@@ -1170,6 +1176,13 @@ impl Inner {
             c.last_seen_ms = now;
             std::mem::replace(&mut c.lost, false)
         };
+        // The spoke fences itself when these stop coming.
+        fx.msgs.push((
+            cluster.to_string(),
+            pb::HubMessage {
+                msg: Some(pb::hub_message::Msg::HeartbeatAck(pb::HeartbeatAck {})),
+            },
+        ));
         if was_lost {
             self.rebuild(fx, now);
         }
@@ -1389,70 +1402,70 @@ impl Inner {
 
     fn tick(&mut self, fx: &mut Effects, now: u64) {
         let lost_after = self.policy.settings.spoke_lost_after_s * 1000;
+        let started = self.started_ms;
+        let silent_ms = |c: &ClusterEntry| now.saturating_sub(c.last_seen_ms.max(started));
+        // 1. A spoke silent past the timeout is lost: no new work goes there.
         let mut newly_lost = Vec::new();
         for (name, c) in &mut self.clusters {
-            if c.lost || !c.registered {
-                continue;
-            }
-            let last = c.last_seen_ms.max(self.started_ms);
-            if now.saturating_sub(last) >= lost_after {
+            if !c.lost && c.registered && silent_ms(c) >= lost_after {
                 c.lost = true;
                 newly_lost.push(name.clone());
             }
         }
-        for cluster in newly_lost {
-            warn!("spoke {cluster} silent for {lost_after} ms: lost; re-queueing its workloads");
+        for cluster in &newly_lost {
+            warn!("spoke {cluster} silent for {lost_after} ms: lost");
             self.event(
                 fx,
                 now,
                 "spoke_lost",
                 None,
-                Some(&cluster),
+                Some(cluster),
                 format!(
                     "spoke {cluster} silent for {}s: marked lost",
                     lost_after / 1000
                 ),
             );
-            let ids: Vec<u64> = self
-                .workloads
-                .values()
-                .filter(|w| {
-                    (w.state.holds_gpus()
-                        && w.placement.as_ref().is_some_and(|p| p.cluster == cluster))
-                        || w.stopping.as_ref().is_some_and(|s| s.cluster == cluster)
-                })
-                .map(|w| w.id)
-                .collect();
-            for id in ids {
-                let w = self.workloads.get_mut(&id).expect("listed");
-                let stopping = w.stopping.take();
-                if stopping.as_ref().is_some_and(|s| s.cancel) {
-                    transition(
-                        w,
-                        WEvent::Cancel,
-                        now,
-                        format!("cancelled (spoke {cluster} lost)"),
-                    );
-                    w.finished_at_ms = Some(now);
-                } else if w.state.holds_gpus() {
-                    transition(
-                        w,
-                        WEvent::Requeue,
-                        now,
-                        format!("re-queued: spoke {cluster} lost"),
-                    );
-                    w.placement = None;
-                }
-                self.save(fx, id);
-                self.event(
-                    fx,
-                    now,
-                    "requeued",
-                    Some(id),
-                    Some(&cluster),
-                    format!("workload {id} re-queued: spoke {cluster} lost"),
-                );
+        }
+        // 2. Its workloads are released once the spoke has surely stopped
+        // them: a spoke cut off from the hub fences itself after the same
+        // timeout and gives each workload its grace period.
+        let due: Vec<(u64, String)> = self
+            .workloads
+            .values()
+            .filter_map(|w| {
+                let cluster = match (&w.stopping, &w.placement) {
+                    (Some(s), _) => &s.cluster,
+                    (None, Some(p)) if w.state.holds_gpus() => &p.cluster,
+                    _ => return None,
+                };
+                let c = self.clusters.get(cluster).filter(|c| c.lost)?;
+                let release_after =
+                    lost_after + grace_of(&self.policy, &w.priority) * 1000 + FENCE_MARGIN_MS;
+                (silent_ms(c) >= release_after).then(|| (w.id, cluster.clone()))
+            })
+            .collect();
+        for (id, cluster) in &due {
+            let w = self.workloads.get_mut(id).expect("listed");
+            let stopping = w.stopping.take();
+            let why = format!("spoke {cluster} lost");
+            if stopping.as_ref().is_some_and(|s| s.cancel) {
+                transition(w, WEvent::Cancel, now, format!("cancelled ({why})"));
+                w.finished_at_ms = Some(now);
+            } else if w.state.holds_gpus() {
+                transition(w, WEvent::Requeue, now, format!("re-queued: {why}"));
+                w.placement = None;
             }
+            self.save(fx, *id);
+            self.event(
+                fx,
+                now,
+                "requeued",
+                Some(*id),
+                Some(cluster),
+                format!("workload {id} re-queued: {why}"),
+            );
+        }
+        if !newly_lost.is_empty() || !due.is_empty() {
             self.rebuild(fx, now);
         }
         // A cycle each tick (waits pass burst thresholds), without forcing

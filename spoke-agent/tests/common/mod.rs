@@ -31,6 +31,9 @@ struct State {
     next_session: Mutex<u64>,
     sessions: Mutex<BTreeMap<u64, mpsc::Sender<Result<pb::HubMessage, Status>>>>,
     stopped: Mutex<bool>,
+    /// `Registered.fence_after_ms` to announce (0: no self-fencing). This
+    /// test hub never acks heartbeats, so a non-zero value makes the spoke fence.
+    fence_after_ms: Mutex<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -89,6 +92,7 @@ impl SpokeService for Svc {
                         msg: Some(pb::hub_message::Msg::Registered(pb::Registered {
                             cluster,
                             heartbeat_interval_ms: TEST_HEARTBEAT_MS,
+                            fence_after_ms: *lock(&state.fence_after_ms),
                         })),
                     };
                     let _ = tx.send(Ok(reply)).await;
@@ -137,6 +141,11 @@ impl TestHub {
             shutdown: Some(shutdown_tx),
             server,
         }
+    }
+
+    /// Announce self-fencing after `ms` without an ack in the next Registered.
+    pub fn set_fence_after_ms(&self, ms: u64) {
+        *lock(&self.state.fence_after_ms) = ms;
     }
 
     pub fn url(&self) -> String {
