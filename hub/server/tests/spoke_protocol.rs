@@ -109,6 +109,17 @@ async fn start_hub() -> (
     tokio::sync::oneshot::Sender<()>,
     tempfile::TempDir,
 ) {
+    start_hub_with_token(None).await
+}
+
+async fn start_hub_with_token(
+    token: Option<String>,
+) -> (
+    String,
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tempfile::TempDir,
+) {
     let data = tempfile::tempdir().expect("tempdir");
     let policy = axle_policy::load_sources(&[("p.yaml".to_string(), POLICY.to_string())])
         .expect("policy")
@@ -127,7 +138,7 @@ async fn start_hub() -> (
         let stop = async move {
             let _ = stop_rx.await;
         };
-        server::run(dir, policy, None, listeners, stop)
+        server::run(dir, policy, token, listeners, stop)
             .await
             .expect("hub");
     });
@@ -260,4 +271,70 @@ async fn stale_epochs_are_fenced_and_a_preempted_workload_waits_for_its_stop() {
     };
     assert_eq!((a.workload_id, a.epoch), (batch, 2));
     let _ = stop.send(());
+}
+
+/// Opens a session with one Register and returns the hub's answer.
+async fn register(url: &str, cluster: &str, token: &str) -> Result<pb::HubMessage, tonic::Status> {
+    let mut client = loop {
+        match pb::spoke_service_client::SpokeServiceClient::connect(url.to_string()).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(up(Up::Register(pb::Register {
+        cluster: cluster.into(),
+        nodes: vec![pb::Node {
+            name: "n0".into(),
+            gpus: vec![pb::Gpu {
+                index: 0,
+                model: "H100".into(),
+                memory_mb: 81920,
+            }],
+        }],
+        token: token.into(),
+        ..Default::default()
+    })))
+    .await
+    .expect("send register");
+    let mut stream = client.session(ReceiverStream::new(rx)).await?.into_inner();
+    let first = stream.message().await?;
+    first.ok_or_else(|| tonic::Status::aborted("stream closed"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_spokes_are_refused_and_change_nothing() {
+    let (grpc, http, stop, _data) = start_hub_with_token(Some("s3cret".into())).await;
+    let e = register(&grpc, "c1", "guess")
+        .await
+        .expect_err("wrong token");
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    assert!(e.message().contains("token"), "{}", e.message());
+    let e = register(&grpc, "rogue", "s3cret")
+        .await
+        .expect_err("undeclared cluster");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("rogue"), "{}", e.message());
+    // Neither attempt registered anything: c1 is still only declared.
+    let body = http_get(&http, "/api/v1/clusters").await;
+    assert!(body.contains("\"Declared\""), "{body}");
+    assert!(!body.contains("rogue"), "{body}");
+    let ok = register(&grpc, "c1", "s3cret").await.expect("right token");
+    assert!(matches!(ok.msg, Some(Down::Registered(_))));
+    let _ = stop.send(());
+}
+
+/// A plain HTTP/1.1 GET over loopback (the hub's HTTP API), without a client library.
+async fn http_get(base: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    out
 }
