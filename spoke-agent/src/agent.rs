@@ -405,6 +405,18 @@ impl Agent {
         }
     }
 
+    /// Refuses an assignment: it never starts, and the hub learns why.
+    fn reject(&mut self, id: u64, epoch: u64, message: String) {
+        tracing::warn!(workload_id = id, epoch, %message, "rejecting assignment");
+        self.emit_terminal(make_status(
+            id,
+            epoch,
+            pb::Phase::Failed,
+            SPAWN_FAILED_EXIT_CODE,
+            message,
+        ));
+    }
+
     fn on_assign(&mut self, assign: pb::Assign) {
         let (id, epoch) = (assign.workload_id, assign.epoch);
         if self.shutting_down {
@@ -488,28 +500,14 @@ impl Agent {
         let shares = match ledger::demand(&assign, &self.config.nodes) {
             Ok(shares) => shares,
             Err(message) => {
-                tracing::warn!(workload_id = id, epoch, %message, "rejecting assignment");
-                self.emit_terminal(make_status(
-                    id,
-                    epoch,
-                    pb::Phase::Failed,
-                    SPAWN_FAILED_EXIT_CODE,
-                    message,
-                ));
+                self.reject(id, epoch, message);
                 return;
             }
         };
         if self.pending.len() >= MAX_PENDING_ASSIGNS {
             let message =
                 format!("{MAX_PENDING_ASSIGNS} assignments already wait for GPUs on this spoke");
-            tracing::warn!(workload_id = id, epoch, %message, "rejecting assignment");
-            self.emit_terminal(make_status(
-                id,
-                epoch,
-                pb::Phase::Failed,
-                SPAWN_FAILED_EXIT_CODE,
-                message,
-            ));
+            self.reject(id, epoch, message);
             return;
         }
         let grace = resolve_grace(assign.grace_period_s);

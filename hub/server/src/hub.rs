@@ -567,6 +567,25 @@ impl Inner {
         }
     }
 
+    /// Sends (or re-sends) the stop a `stopping` record stands for, to its
+    /// cluster, with the grace period of the workload's class.
+    fn request_stop(&self, fx: &mut Effects, id: u64, s: &StoppingRecord, message: String) {
+        let grace = self
+            .workloads
+            .get(&id)
+            .map(|w| grace_of(&self.policy, &w.priority))
+            .unwrap_or(30);
+        let reason = if s.cancel {
+            pb::StopReason::Cancelled
+        } else {
+            pb::StopReason::Preempted
+        };
+        fx.msgs.push((
+            s.cluster.clone(),
+            stop_msg(id, s.epoch, reason, grace, message),
+        ));
+    }
+
     fn save(&self, fx: &mut Effects, id: u64) {
         if let Some(w) = self.workloads.get(&id) {
             fx.put(workload_key(id), w);
@@ -874,30 +893,21 @@ impl Inner {
                 format!("workload {id} already finished ({})", w.state.as_str()),
             ));
         }
-        let grace = grace_of(&self.policy, &w.priority);
         if let Some(s) = &mut w.stopping {
             // Already stopping (preempted): cancel once the stop is confirmed.
             s.cancel = true;
         } else if w.state.holds_gpus() {
             let p = w
                 .placement
-                .clone()
+                .as_ref()
                 .expect("placed workloads have a placement");
-            w.stopping = Some(StoppingRecord {
+            let stopping = StoppingRecord {
                 cluster: p.cluster.clone(),
                 epoch: w.epoch,
                 cancel: true,
-            });
-            fx.msgs.push((
-                p.cluster.clone(),
-                stop_msg(
-                    id,
-                    w.epoch,
-                    pb::StopReason::Cancelled,
-                    grace,
-                    "cancelled by user".into(),
-                ),
-            ));
+            };
+            w.stopping = Some(stopping.clone());
+            self.request_stop(fx, id, &stopping, "cancelled by user".into());
         } else {
             transition(w, WEvent::Cancel, now, "cancelled by user".into());
             w.finished_at_ms = Some(now);
@@ -1072,32 +1082,10 @@ impl Inner {
                     && s.epoch == epoch
                 {
                     // Re-send the stop that may have been lost.
-                    let grace = grace_of(&self.policy, &self.workloads[&id].priority);
-                    let reason = if s.cancel {
-                        pb::StopReason::Cancelled
-                    } else {
-                        pb::StopReason::Preempted
-                    };
-                    fx.msgs.push((
-                        cluster.to_string(),
-                        stop_msg(id, epoch, reason, grace, "stop".into()),
-                    ));
+                    self.request_stop(fx, id, &s, "stop".into());
                 }
             } else if let Some(s) = stopping.filter(|s| s.epoch == epoch && s.cluster == cluster) {
-                let grace = self
-                    .workloads
-                    .get(&id)
-                    .map(|w| grace_of(&self.policy, &w.priority))
-                    .unwrap_or(30);
-                let reason = if s.cancel {
-                    pb::StopReason::Cancelled
-                } else {
-                    pb::StopReason::Preempted
-                };
-                fx.msgs.push((
-                    cluster.to_string(),
-                    stop_msg(id, epoch, reason, grace, "stop".into()),
-                ));
+                self.request_stop(fx, id, &s, "stop".into());
             } else {
                 // Fencing: the spoke runs an epoch the hub no longer wants.
                 warn!(
@@ -1528,7 +1516,6 @@ impl Inner {
         }
         for p in &d.preemptions {
             let id = p.workload;
-            let grace = p.grace_period_s;
             // Its GPUs now belong to the preemptor; it waits for the stop to
             // be confirmed before it may run again.
             self.state.remove(id);
@@ -1541,21 +1528,14 @@ impl Inner {
             let reason = format!("preempted for workload {}: {}", p.for_workload, p.reason);
             transition(w, WEvent::Preempt, now, reason.clone());
             w.preemptions += 1;
-            w.stopping = Some(StoppingRecord {
+            let stopping = StoppingRecord {
                 cluster: pl.cluster.clone(),
                 epoch: w.epoch,
                 cancel: false,
-            });
-            fx.msgs.push((
-                pl.cluster.clone(),
-                stop_msg(
-                    id,
-                    w.epoch,
-                    pb::StopReason::Preempted,
-                    grace,
-                    reason.clone(),
-                ),
-            ));
+            };
+            w.stopping = Some(stopping.clone());
+            // The grace period is the victim's class's (as in the decision).
+            self.request_stop(fx, id, &stopping, reason.clone());
             self.save(fx, id);
             self.event(fx, now, "preempted", Some(id), Some(&pl.cluster), reason);
         }

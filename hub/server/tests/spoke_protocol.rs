@@ -40,12 +40,7 @@ struct Spoke {
 
 impl Spoke {
     async fn connect(url: &str, running: Vec<pb::RunningWorkload>) -> Spoke {
-        let mut client = loop {
-            match pb::spoke_service_client::SpokeServiceClient::connect(url.to_string()).await {
-                Ok(c) => break c,
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        };
+        let mut client = pb::spoke_service_client::SpokeServiceClient::new(channel(url).await);
         let (tx, rx) = mpsc::channel(16);
         tx.send(up(Up::Register(pb::Register {
             cluster: "c1".into(),
@@ -88,6 +83,21 @@ impl Spoke {
             .await
             .expect("send status");
     }
+}
+
+/// A gRPC channel to the hub, retried while it starts (bounded).
+async fn channel(url: &str) -> tonic::transport::Channel {
+    for _ in 0..200 {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(url.to_string())
+            .expect("valid url")
+            .connect()
+            .await
+        {
+            return ch;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("hub gRPC at {url} did not come up within 10 s");
 }
 
 fn up(m: Up) -> pb::SpokeMessage {
@@ -146,12 +156,7 @@ async fn start_hub_with_token(
 }
 
 async fn submit(url: &str, team: &str, priority: &str) -> u64 {
-    let mut c = loop {
-        match pb::user_service_client::UserServiceClient::connect(url.to_string()).await {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
+    let mut c = pb::user_service_client::UserServiceClient::new(channel(url).await);
     c.submit(pb::SubmitRequest {
         team: team.into(),
         command: vec!["work".into()],
@@ -166,9 +171,7 @@ async fn submit(url: &str, team: &str, priority: &str) -> u64 {
 }
 
 async fn workload(url: &str, id: u64) -> pb::Workload {
-    let mut c = pb::user_service_client::UserServiceClient::connect(url.to_string())
-        .await
-        .expect("connect");
+    let mut c = pb::user_service_client::UserServiceClient::new(channel(url).await);
     c.get_workload(pb::GetWorkloadRequest { id })
         .await
         .expect("get")
@@ -275,12 +278,7 @@ async fn stale_epochs_are_fenced_and_a_preempted_workload_waits_for_its_stop() {
 
 /// Opens a session with one Register and returns the hub's answer.
 async fn register(url: &str, cluster: &str, token: &str) -> Result<pb::HubMessage, tonic::Status> {
-    let mut client = loop {
-        match pb::spoke_service_client::SpokeServiceClient::connect(url.to_string()).await {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
+    let mut client = pb::spoke_service_client::SpokeServiceClient::new(channel(url).await);
     let (tx, rx) = mpsc::channel(4);
     tx.send(up(Up::Register(pb::Register {
         cluster: cluster.into(),
