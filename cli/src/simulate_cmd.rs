@@ -7,8 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use axle_policy::{Milli, Policy};
 use axle_scheduler::inventory;
-use axle_scheduler::sim::{self, Mode, SimJob, SimReport};
-use axle_scheduler::trace::{TraceFormat, parse_trace};
+use axle_sim::trace::{TraceFormat, parse_trace};
+use axle_sim::{self as sim, Mode, SimJob, SimReport};
 use axle_scheduler::{Inventory, State};
 use clap::{Args, ValueEnum};
 

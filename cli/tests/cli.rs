@@ -85,7 +85,7 @@ fn simulate_json(args: &[&str]) -> serde_json::Value {
 fn simulate_philly_sample_with_fifo_baseline() {
     let v = simulate_json(&[
         "--trace",
-        "hub/scheduler/testdata/traces/philly-sample.csv",
+        "hub/sim/testdata/traces/philly-sample.csv",
         "--capacity",
         "64",
         "--baseline",
@@ -121,7 +121,7 @@ fn simulate_philly_sample_with_fifo_baseline() {
 fn simulate_static_baseline_wastes_reserved_gpus() {
     let v = simulate_json(&[
         "--trace",
-        "hub/scheduler/testdata/traces/philly-sample.csv",
+        "hub/sim/testdata/traces/philly-sample.csv",
         "--capacity",
         "64",
         "--baseline",
@@ -141,7 +141,7 @@ fn simulate_static_baseline_wastes_reserved_gpus() {
 fn simulate_csv_and_openb_formats() {
     let v = simulate_json(&[
         "--trace",
-        "hub/scheduler/testdata/traces/small.csv",
+        "hub/sim/testdata/traces/small.csv",
         "--format",
         "csv",
     ]);
@@ -150,7 +150,7 @@ fn simulate_csv_and_openb_formats() {
     assert!(v["per_priority_class"].get("production").is_some());
     let v = simulate_json(&[
         "--trace",
-        "hub/scheduler/testdata/traces/openb-sample.csv",
+        "hub/sim/testdata/traces/openb-sample.csv",
         "--format",
         "alibaba-openb",
         "--capacity",

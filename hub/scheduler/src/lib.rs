@@ -1,5 +1,6 @@
 //! Axle's pure scheduling core: quotas, fair share, placement, preemption,
-//! burst wishes and pending reasons, plus the trace simulator.
+//! burst wishes and pending reasons. The trace simulator (`axle-sim`) drives
+//! the same code offline.
 //!
 //! Architecture invariant: this crate does no I/O and reads no clock. A cycle
 //! is a deterministic function of (`State`, `now_ms`, `CycleOptions`); the hub,
@@ -8,9 +9,7 @@
 pub mod cycle;
 pub mod error;
 pub mod inventory;
-pub mod sim;
 pub mod state;
-pub mod trace;
 pub mod types;
 pub mod validate;
 

@@ -8,10 +8,8 @@ use std::sync::Arc;
 use axle_policy::{ANY_GPU_CLASS, MILLI_PER_GPU, Milli, Policy, Quota, Team, TeamBurst};
 use serde::Serialize;
 
-use crate::cycle::{CycleOptions, cycle};
-use crate::state::State;
-use crate::types::{Inventory, WorkloadId, WorkloadSpec};
-use crate::validate::round_to_granularity;
+use axle_scheduler::validate::round_to_granularity;
+use axle_scheduler::{CycleOptions, Inventory, RequestError, State, WorkloadId, WorkloadSpec, cycle};
 
 /// How the simulated fleet is governed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -451,8 +449,8 @@ pub fn simulate(policy: &Policy, inventory: &Inventory, jobs: &[SimJob], mode: M
     }
 }
 
-fn reject_key(e: &crate::RequestError) -> String {
-    use crate::RequestError as E;
+fn reject_key(e: &RequestError) -> String {
+    use RequestError as E;
     match e {
         E::AboveLimit { .. } => "request above the team's limit".into(),
         E::NeverFitsNode { .. } => "larger than any node".into(),

@@ -1,0 +1,11 @@
+//! Axle's trace simulator: parses GPU job traces (Philly, Alibaba openb,
+//! plain CSV) and replays them through the same scheduling core the hub runs,
+//! on a simulated clock, beside today's alternatives as baselines.
+//!
+//! The crate is pure like the core: callers hand in file contents and get
+//! reports back; nothing here reads files, clocks or randomness.
+
+pub mod replay;
+pub mod trace;
+
+pub use replay::{DelayStats, Mode, SimJob, SimReport, TeamReport, complete_policy, simulate};
