@@ -40,18 +40,6 @@ pub enum ClientError {
     Protocol { what: String, reason: String },
 }
 
-impl ClientError {
-    /// 1 when the hub refused the request; 3 when it cannot be reached or failed.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            ClientError::Refused { .. } => crate::exit::REFUSED_OR_FAILED,
-            ClientError::Unreachable { .. }
-            | ClientError::Server { .. }
-            | ClientError::Protocol { .. } => crate::exit::HUB_UNAVAILABLE,
-        }
-    }
-}
-
 /// `error` plus `(field: x)` when the hub names the field at fault.
 pub fn api_error_text(e: &ApiError) -> String {
     match &e.field {
@@ -319,29 +307,6 @@ mod tests {
         );
         let e = error_body(StatusCode::NOT_FOUND, "");
         assert_eq!(e.error, "HTTP 404 Not Found");
-    }
-
-    #[test]
-    fn exit_codes_follow_the_contract() {
-        let api = ApiError {
-            error: "x".into(),
-            field: None,
-        };
-        let refused = ClientError::Refused {
-            status: 404,
-            body: api.clone(),
-        };
-        let server = ClientError::Server {
-            status: 500,
-            body: api,
-        };
-        let unreachable = ClientError::Unreachable {
-            hub: "h".into(),
-            reason: "r".into(),
-        };
-        assert_eq!(refused.exit_code(), 1);
-        assert_eq!(server.exit_code(), 3);
-        assert_eq!(unreachable.exit_code(), 3);
     }
 
     #[test]

@@ -13,6 +13,18 @@ pub const REFUSED_OR_FAILED: u8 = 1;
 pub const USAGE: u8 = 2;
 pub const HUB_UNAVAILABLE: u8 = 3;
 
+impl ClientError {
+    /// 1 when the hub refused the request; 3 when it cannot be reached or failed.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ClientError::Refused { .. } => REFUSED_OR_FAILED,
+            ClientError::Unreachable { .. }
+            | ClientError::Server { .. }
+            | ClientError::Protocol { .. } => HUB_UNAVAILABLE,
+        }
+    }
+}
+
 /// Shown under `axle --help`.
 pub const HELP: &str = "\
 Exit codes:
@@ -60,6 +72,29 @@ pub fn classify(err: &anyhow::Error) -> (u8, Vec<String>) {
 mod tests {
     use super::*;
     use axle_proto::api::ApiError;
+
+    #[test]
+    fn exit_codes_follow_the_contract() {
+        let api = ApiError {
+            error: "x".into(),
+            field: None,
+        };
+        let refused = ClientError::Refused {
+            status: 404,
+            body: api.clone(),
+        };
+        let server = ClientError::Server {
+            status: 500,
+            body: api,
+        };
+        let unreachable = ClientError::Unreachable {
+            hub: "h".into(),
+            reason: "r".into(),
+        };
+        assert_eq!(refused.exit_code(), 1);
+        assert_eq!(server.exit_code(), 3);
+        assert_eq!(unreachable.exit_code(), 3);
+    }
 
     #[test]
     fn errors_map_to_documented_codes() {

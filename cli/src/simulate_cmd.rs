@@ -7,9 +7,9 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use axle_policy::{Milli, Policy};
 use axle_scheduler::inventory;
+use axle_scheduler::{Inventory, State};
 use axle_sim::trace::{TraceFormat, parse_trace};
 use axle_sim::{self as sim, Mode, SimJob, SimReport};
-use axle_scheduler::{Inventory, State};
 use clap::{Args, ValueEnum};
 
 #[derive(Args)]
@@ -116,7 +116,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or_else(|| "V100".to_string());
             inventory::uniform("sim", "sim", &model, n, 8)
         }
-        None => State::declared_inventory(&policy),
+        None => inventory::declared(&policy),
     };
     let capacity: Milli = State::new(std::sync::Arc::new(policy.clone()), &inventory).capacity();
     if capacity == Milli::ZERO {

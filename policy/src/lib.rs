@@ -5,11 +5,15 @@
 //! Entry points: [`load_dir`], [`load_sources`], [`json_schema`].
 
 pub mod diag;
+mod document;
 pub mod file;
 mod load;
 pub mod model;
+mod report;
+mod revision;
 mod schema;
 mod validate;
+mod walk;
 
 pub use diag::{Diagnostic, Severity, count_summary};
 pub use load::{LoadFailure, Loaded, load_dir, load_sources};

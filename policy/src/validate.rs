@@ -4,12 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::document::{Doc, Docs};
 use crate::file::{Loc, ProviderTypeSpec, RoleSpec};
-use crate::load::{Doc, Docs, Pos, Reporter};
 use crate::model::{
     ANY_GPU_CLASS, BurstProvider, Cluster, MILLI_PER_GPU, Member, Milli, NodeGroup, Policy,
     PriorityClass, ProviderType, Quota, Role, Settings, Team, TeamBurst, default_priority_classes,
 };
+use crate::report::{Pos, Reporter};
 
 /// A grace period longer than a day means a preempted workload effectively
 /// never yields, which defeats guarantees (design invariant 2).

@@ -12,7 +12,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::config::SpokeConfig;
-use crate::driver::{self, DriverCtx, Event, SPAWN_FAILED_EXIT_CODE, StopCause, StopRequest};
+use crate::driver::{self, DriverCtx, SPAWN_FAILED_EXIT_CODE, StopCause, StopRequest};
+use crate::event::Event;
 use crate::ledger::{self, Demand, Holder};
 use crate::outbox::{Outbox, RESEND_WINDOW, Terminals};
 

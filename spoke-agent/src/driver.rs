@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::event::Event;
 use crate::logs::{LOG_PIPE_CHANNEL_CAPACITY, pump, write_log};
 use crate::shim::{SHIM_ARG, SHIM_EXEC_FAILED_EXIT_CODE, SHIM_READY_MARKER, SIGNAL_EXIT_BASE};
 
@@ -36,20 +37,6 @@ pub const SHIM_READY_TIMEOUT: Duration = Duration::from_secs(10);
 const FAR_FUTURE: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Highest signal number Linux uses, to recognise `128 + signal` exit codes.
 const MAX_SIGNAL: i32 = 64;
-
-/// What a workload's supervisor tells the agent.
-#[derive(Debug)]
-pub enum Event {
-    /// Every replica has been spawned.
-    Started {
-        workload_id: u64,
-        epoch: u64,
-    },
-    Log(pb::LogChunk),
-    /// Every process of the workload is gone (its GPUs are free) and its log
-    /// is flushed; carries the terminal status.
-    Finished(pb::WorkloadStatus),
-}
 
 /// Why a workload is being stopped from outside.
 #[derive(Debug, Clone)]

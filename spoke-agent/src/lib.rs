@@ -9,6 +9,7 @@
 mod agent;
 mod config;
 mod driver;
+mod event;
 mod gpu;
 mod ledger;
 mod logs;

@@ -8,7 +8,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::driver::Event;
+use crate::event::Event;
 
 /// Largest `LogChunk.data`: keeps one message far below gRPC's 4 MiB default
 /// limit and lets log lines reach the hub in small, steady pieces.

@@ -6,6 +6,7 @@
 //! is a deterministic function of (`State`, `now_ms`, `CycleOptions`); the hub,
 //! the simulator and the benchmarks all call [`cycle`].
 
+mod catalog;
 pub mod cycle;
 pub mod error;
 pub mod inventory;

@@ -11,41 +11,13 @@ use std::sync::Arc;
 
 use axle_policy::{MILLI_PER_GPU, Milli, Policy};
 
+use crate::catalog::Catalog;
 use crate::error::RequestError;
 use crate::types::{Allocation, Decisions, Inventory, WorkloadId, WorkloadSpec};
 
 /// Milli-GPUs free on one GPU; fits in u16 (≤ 1000).
 pub(crate) type GpuFree = u16;
 pub(crate) const FULL_GPU: GpuFree = MILLI_PER_GPU as GpuFree;
-
-#[derive(Debug, Clone)]
-pub(crate) struct TeamInfo {
-    pub name: String,
-    pub weight: f64,
-    /// Quota slots: (class name, guaranteed, limit).
-    pub slots: Vec<(String, Milli, Milli)>,
-    /// Slot index charged for each GPU model index; `None`: no quota.
-    pub charge: Vec<Option<u16>>,
-    pub burst_providers: Vec<String>,
-    pub burst_budget_usd_per_month: f64,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct ClassInfo {
-    pub name: String,
-    pub value: i32,
-    /// Bit i set: class i may preempt this class.
-    pub preemptible_by: u64,
-    pub grace_period_s: u64,
-    pub idle_only: bool,
-    pub burst_allowed: bool,
-}
-
-impl ClassInfo {
-    pub fn is_preemptible(&self) -> bool {
-        self.preemptible_by != 0
-    }
-}
 
 #[derive(Debug, Clone)]
 pub(crate) struct NodeRec {
@@ -92,13 +64,7 @@ pub(crate) type QueueKey = (Reverse<i32>, u16, u32);
 
 #[derive(Debug, Clone)]
 pub struct State {
-    pub(crate) policy: Arc<Policy>,
-    pub(crate) teams: Vec<TeamInfo>,
-    pub(crate) team_index: BTreeMap<String, u32>,
-    pub(crate) classes: Vec<ClassInfo>,
-    pub(crate) class_index: BTreeMap<String, u16>,
-    pub(crate) models: Vec<String>,
-    pub(crate) model_index: BTreeMap<String, u16>,
+    pub(crate) cat: Catalog,
     pub(crate) clusters: Vec<ClusterRec>,
     pub(crate) nodes: Vec<NodeRec>,
     pub(crate) node_names: Vec<String>,
@@ -106,8 +72,6 @@ pub struct State {
     pub(crate) gpu_free: Vec<GpuFree>,
     /// Global node index of every global GPU index.
     pub(crate) gpu_node: Vec<u32>,
-    /// Largest node size per model, for "can never fit" checks.
-    pub(crate) largest_node: Vec<u32>,
     /// Workloads with a shard on each node.
     pub(crate) node_running: Vec<BTreeSet<WorkloadId>>,
     pub(crate) running: BTreeMap<WorkloadId, RunningWorkload>,
@@ -147,75 +111,13 @@ impl Shape {
 impl State {
     /// A state for `policy` over `inventory`, with nothing running or pending.
     pub fn new(policy: Arc<Policy>, inventory: &Inventory) -> State {
-        let mut models: BTreeSet<String> = BTreeSet::new();
-        for c in &inventory.clusters {
-            for n in &c.nodes {
-                models.insert(n.gpu_model.clone());
-            }
-        }
-        let models: Vec<String> = models.into_iter().collect();
-        let model_index: BTreeMap<String, u16> = models
-            .iter()
-            .enumerate()
-            .map(|(i, m)| (m.clone(), i as u16))
-            .collect();
-
-        let mut teams = Vec::new();
-        let mut team_index = BTreeMap::new();
-        for (i, (name, t)) in policy.teams.iter().enumerate() {
-            let slots: Vec<(String, Milli, Milli)> = t
-                .quotas
-                .iter()
-                .map(|(k, q)| (k.clone(), q.guaranteed, q.limit))
-                .collect();
-            let charge = models
-                .iter()
-                .map(|m| {
-                    t.quota_class_for(m)
-                        .and_then(|c| slots.iter().position(|s| s.0 == c))
-                        .map(|p| p as u16)
-                })
-                .collect();
-            teams.push(TeamInfo {
-                name: name.clone(),
-                weight: t.weight,
-                slots,
-                charge,
-                burst_providers: t.burst.providers.clone(),
-                burst_budget_usd_per_month: t.burst.budget_usd_per_month,
-            });
-            team_index.insert(name.clone(), i as u32);
-        }
-
-        let class_index: BTreeMap<String, u16> = policy
-            .priority_classes
-            .keys()
-            .enumerate()
-            .map(|(i, n)| (n.clone(), i as u16))
-            .collect();
-        let classes: Vec<ClassInfo> = policy
-            .priority_classes
-            .values()
-            .map(|pc| ClassInfo {
-                name: pc.name.clone(),
-                value: pc.value,
-                preemptible_by: pc
-                    .preemptible_by
-                    .iter()
-                    .filter_map(|n| class_index.get(n))
-                    .fold(0u64, |acc, &i| acc | (1u64 << (i % 64))),
-                grace_period_s: pc.grace_period_s,
-                idle_only: pc.idle_only,
-                burst_allowed: pc.burst_allowed,
-            })
-            .collect();
-
+        let cat = Catalog::new(policy, inventory);
+        let model_index = &cat.model_index;
         let mut clusters = Vec::new();
         let mut nodes = Vec::new();
         let mut node_names = Vec::new();
         let mut gpu_free = Vec::new();
         let mut gpu_node = Vec::new();
-        let mut largest_node = vec![0u32; models.len()];
         for (ci, c) in inventory.clusters.iter().enumerate() {
             let mut rec = ClusterRec {
                 name: c.name.clone(),
@@ -239,37 +141,23 @@ impl State {
                     n.gpu_count as usize,
                 ));
                 gpu_free.extend(std::iter::repeat_n(FULL_GPU, n.gpu_count as usize));
-                // Every cluster counts, schedulable or not: "can never fit"
-                // is about the inventory, not about which spokes are
-                // connected right now. (Counting only schedulable clusters
-                // made the hub re-queue every running workload when it
-                // restarted before its spokes reconnected, and cancel
-                // pending ones whose only cluster was briefly disconnected.)
-                let l = &mut largest_node[model as usize];
-                *l = (*l).max(n.gpu_count);
             }
             clusters.push(rec);
         }
-        let usage = teams
+        let usage = cat
+            .teams
             .iter()
             .map(|t| vec![Milli::ZERO; t.slots.len()])
             .collect();
         let node_count = nodes.len();
-        let class_count = classes.len();
+        let class_count = cat.classes.len();
         State {
-            policy,
-            teams,
-            team_index,
-            classes,
-            class_index,
-            models,
-            model_index,
+            cat,
             clusters,
             nodes,
             node_names,
             gpu_free,
             gpu_node,
-            largest_node,
             node_running: vec![BTreeSet::new(); node_count],
             running: BTreeMap::new(),
             usage,
@@ -280,18 +168,13 @@ impl State {
         }
     }
 
-    /// The declared capacity of the policy's `Cluster` documents, as inventory.
-    pub fn declared_inventory(policy: &Policy) -> Inventory {
-        crate::inventory::declared(policy)
-    }
-
     pub fn policy(&self) -> &Arc<Policy> {
-        &self.policy
+        &self.cat.policy
     }
 
     /// Checks a request against policy and inventory without changing anything.
     pub fn validate(&self, spec: &WorkloadSpec) -> Result<(), RequestError> {
-        crate::validate::validate(self, spec)
+        crate::validate::validate(&self.cat, spec)
     }
 
     /// Queues a workload. Fails (changing nothing) on an invalid or impossible request
@@ -306,9 +189,9 @@ impl State {
     }
 
     fn enqueue(&mut self, spec: Arc<WorkloadSpec>) {
-        let team = self.team_index[&spec.team];
-        let class = self.class_index[&spec.priority_class];
-        let key = (Reverse(self.classes[class as usize].value), class, team);
+        let team = self.cat.team_index[&spec.team];
+        let class = self.cat.class_index[&spec.priority_class];
+        let key = (Reverse(self.cat.classes[class as usize].value), class, team);
         self.queues
             .entry(key)
             .or_default()
@@ -326,7 +209,7 @@ impl State {
     fn dequeue(&mut self, id: WorkloadId) -> Option<PendingRec> {
         let rec = self.pending.remove(&id)?;
         let key = (
-            Reverse(self.classes[rec.class as usize].value),
+            Reverse(self.cat.classes[rec.class as usize].value),
             rec.class,
             rec.team,
         );
@@ -430,11 +313,11 @@ impl State {
             }
         }
         let model = model.ok_or(RequestError::BadAllocation("empty allocation"))?;
-        let team = self.team_index[&spec.team];
-        let slot = self.teams[team as usize].charge[model as usize].ok_or(
+        let team = self.cat.team_index[&spec.team];
+        let slot = self.cat.teams[team as usize].charge[model as usize].ok_or(
             RequestError::BadAllocation("team has no quota for this GPU model"),
         )?;
-        let class = self.class_index[&spec.priority_class];
+        let class = self.cat.class_index[&spec.priority_class];
         if self.running.contains_key(&spec.id) {
             return Err(RequestError::DuplicateId(spec.id));
         }
@@ -524,7 +407,7 @@ impl State {
 
     pub fn gpu_model_of(&self, cluster: u32, node: u32) -> &str {
         let g = self.clusters[cluster as usize].nodes[node as usize];
-        &self.models[self.nodes[g as usize].model as usize]
+        &self.cat.models[self.nodes[g as usize].model as usize]
     }
 
     /// Total GPUs in schedulable clusters.
@@ -563,7 +446,8 @@ impl State {
 
     /// Usage of every team per quota class, with guarantee and limit.
     pub fn team_usage(&self) -> Vec<TeamUsage> {
-        self.teams
+        self.cat
+            .teams
             .iter()
             .enumerate()
             .map(|(t, info)| TeamUsage {

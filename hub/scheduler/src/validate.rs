@@ -3,15 +3,15 @@
 
 use axle_policy::{MILLI_PER_GPU, Milli};
 
+use crate::catalog::Catalog;
 use crate::error::RequestError;
-use crate::state::State;
 use crate::types::WorkloadSpec;
 
 /// Gangs larger than this are refused: the scheduler plans a gang replica by
 /// replica, and no cluster Axle targets has more GPUs than this.
 pub const MAX_GANG_REPLICAS: u32 = 4096;
 
-pub(crate) fn validate(state: &State, spec: &WorkloadSpec) -> Result<(), RequestError> {
+pub(crate) fn validate(state: &Catalog, spec: &WorkloadSpec) -> Result<(), RequestError> {
     let Some(&team) = state.team_index.get(&spec.team) else {
         return Err(RequestError::UnknownTeam {
             team: spec.team.clone(),

@@ -434,31 +434,38 @@ impl Hub {
     }
 }
 
+/// Adds every cluster the policy declares and no spoke has registered yet,
+/// with the capacity [`axle_scheduler::inventory::declared`] expands it to
+/// (the same nodes the simulator plans on).
 fn add_declared_clusters(policy: &Policy, clusters: &mut BTreeMap<String, ClusterEntry>) {
-    for c in policy.clusters.values() {
+    for c in axle_scheduler::inventory::declared(policy).clusters {
         if clusters.contains_key(&c.name) {
             continue;
         }
-        let mut nodes = Vec::new();
-        for g in &c.nodes {
-            for _ in 0..g.count {
-                nodes.push(NodeRecord {
-                    name: format!("node-{}", nodes.len()),
-                    gpus: (0..g.gpus_per_node as u32)
-                        .map(|index| GpuRecord {
-                            index,
-                            model: g.gpu_model.clone(),
-                            memory_mb: g.gpu_memory_gb * 1024,
-                        })
-                        .collect(),
-                });
-            }
-        }
+        let nodes = c
+            .nodes
+            .iter()
+            .map(|n| NodeRecord {
+                name: n.name.clone(),
+                gpus: (0..n.gpu_count)
+                    .map(|index| GpuRecord {
+                        index,
+                        model: n.gpu_model.clone(),
+                        memory_mb: n.gpu_memory_mb,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let labels = policy
+            .clusters
+            .get(&c.name)
+            .map(|p| p.labels.clone())
+            .unwrap_or_default();
         clusters.insert(
-            c.name.clone(),
+            c.name,
             ClusterEntry {
-                region: c.region.clone(),
-                labels: c.labels.clone(),
+                region: c.region,
+                labels,
                 nodes,
                 conn: None,
                 last_seen_ms: 0,

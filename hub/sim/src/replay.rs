@@ -9,7 +9,9 @@ use axle_policy::{ANY_GPU_CLASS, MILLI_PER_GPU, Milli, Policy, Quota, Team, Team
 use serde::Serialize;
 
 use axle_scheduler::validate::round_to_granularity;
-use axle_scheduler::{CycleOptions, Inventory, RequestError, State, WorkloadId, WorkloadSpec, cycle};
+use axle_scheduler::{
+    CycleOptions, Inventory, RequestError, State, WorkloadId, WorkloadSpec, cycle,
+};
 
 /// How the simulated fleet is governed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -1,0 +1,88 @@
+//! What a cycle remembers about failed requests: a request shape that did
+//! not fit proves that every request asking for at least as much under the
+//! same constraints fails too (capacity only shrinks within a cycle).
+
+use std::collections::BTreeMap;
+
+use axle_policy::{MILLI_PER_GPU, Milli};
+
+use super::work::Work;
+use crate::state::QueueKey;
+use crate::types::PendingReason;
+
+/// What makes two requests of a cycle interchangeable for feasibility: if one
+/// failed, the other fails too (capacity only shrinks and usage only grows
+/// within a cycle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct ShapeKey<'a> {
+    pub(super) team: u32,
+    pub(super) class: u16,
+    pub(super) model: Option<&'a str>,
+    pub(super) gpus: Milli,
+    pub(super) replicas: u32,
+    pub(super) spread: bool,
+    pub(super) regions: &'a [String],
+}
+
+/// Does a failure recorded this cycle prove that `key` fails too?
+pub(super) fn dominated(
+    failed: &BTreeMap<ShapeKey<'_>, PendingReason>,
+    key: &ShapeKey<'_>,
+) -> bool {
+    // Failures of the same team and class sort together, from this bound on.
+    let first = ShapeKey {
+        team: key.team,
+        class: key.class,
+        model: None,
+        gpus: Milli::ZERO,
+        replicas: 0,
+        spread: false,
+        regions: &[],
+    };
+    failed
+        .range(first..)
+        .take_while(|(f, _)| f.team == key.team && f.class == key.class)
+        .any(|(f, _)| f.dominates(key))
+}
+
+impl ShapeKey<'_> {
+    /// Does a failure of `self` imply a failure of `other`? True when `other`
+    /// asks for at least as much under at least the same constraints.
+    pub(super) fn dominates(&self, other: &ShapeKey<'_>) -> bool {
+        self.team == other.team
+            && self.class == other.class
+            && self.model == other.model
+            && self.regions == other.regions
+            && (self.spread || !other.spread)
+            && other.replicas >= self.replicas
+            && other.gpus >= self.gpus
+            && (self.gpus.0 >= MILLI_PER_GPU) == (other.gpus.0 >= MILLI_PER_GPU)
+    }
+}
+
+impl<'s> Work<'s> {
+    /// Is every request shape queued under `key` dominated by a failure of this cycle?
+    pub(super) fn queue_exhausted(
+        &self,
+        key: &QueueKey,
+        team: u32,
+        class: u16,
+        failed: &BTreeMap<ShapeKey<'_>, PendingReason>,
+    ) -> bool {
+        let Some(shapes) = self.s.queue_shapes.get(key) else {
+            return true;
+        };
+        shapes.keys().all(|shape| {
+            let k = ShapeKey {
+                team,
+                class,
+                model: shape.model.as_deref(),
+                gpus: shape.gpus,
+                replicas: shape.replicas,
+                spread: shape.spread,
+                regions: &shape.regions,
+            };
+            dominated(failed, &k)
+        })
+    }
+}

@@ -1,0 +1,258 @@
+//! One scheduling cycle: a pure function of (`State`, clock, options) to
+//! `Decisions`. No I/O, no clock reads, no hashing, no randomness.
+//!
+//! Order of service (documented in ARCHITECTURE.md):
+//! 1. priority class value, highest first;
+//! 2. within a class, teams below their guarantee before borrowers, then the
+//!    lowest weighted dominant share
+//!    `share(t) = max over quota classes q of used(t,q) / max(guaranteed(t,q), 1 GPU) / weight(t)`
+//!    (for a workload that names a GPU model, only that model's quota class counts);
+//! 3. then submit time, then workload id.
+//!
+//! Shares are recomputed after every placement, so a cycle interleaves teams
+//! the way a fair-share queue does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::state::{GpuFree, QueueKey, State};
+use crate::types::{Decisions, PendingReason, Preemption, WorkloadId, WorkloadSpec};
+
+mod burst;
+mod explain;
+mod memo;
+mod order;
+mod placement;
+mod preemption;
+mod quota;
+mod work;
+
+use burst::maybe_burst;
+use memo::{ShapeKey, dominated};
+use order::TeamKey;
+use work::Work;
+
+/// Preemption searches per cycle. Each search may scan every node of a GPU
+/// model (8,000 nodes in the largest fleet we plan for, ~50 µs); 256 searches
+/// bound the worst cycle to ~15 ms. Workloads past the limit wait one cycle.
+pub const MAX_PREEMPTION_SEARCHES_PER_CYCLE: usize = 256;
+
+/// Victims one preemption may evict: more than a full 16-node cluster of
+/// fractional notebooks would be a sign of a bad request, not a plan.
+pub const MAX_VICTIMS_PER_PREEMPTION: usize = 512;
+
+/// Extra victim searches in one scope when a reclaim was refused because the
+/// victim's team would fall below its guarantee: each retry puts one refused
+/// victim first. Each retry is one more pass over the scope's candidates, and
+/// only scopes that found no victim set retry, so 8 keeps a scope within 9
+/// passes.
+pub const MAX_RECLAIM_RETRIES: usize = 8;
+
+#[derive(Debug, Clone)]
+pub struct CycleOptions {
+    /// Give every waiting workload a reason (the hub). The simulator turns it
+    /// off: workloads that provably cannot be placed are then skipped, which
+    /// makes a cycle cost proportional to what changes, not to the queue.
+    pub explain: bool,
+    pub max_preemption_searches: usize,
+    /// Remaining burst budget per team this month; `None` uses the policy's
+    /// monthly budget (nothing spent).
+    pub burst_headroom_usd: Option<BTreeMap<String, f64>>,
+}
+
+impl Default for CycleOptions {
+    fn default() -> Self {
+        CycleOptions {
+            explain: true,
+            max_preemption_searches: MAX_PREEMPTION_SEARCHES_PER_CYCLE,
+            burst_headroom_usd: None,
+        }
+    }
+}
+
+/// One team's queue within a priority level.
+type LevelQueue<'a> = (&'a QueueKey, &'a BTreeSet<(u64, WorkloadId)>);
+
+/// Runs one cycle over `state` at time `now_ms`.
+pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
+    let mut w = Work::new(state, opts.explain);
+    let mut out = Decisions::default();
+    let mut failed: BTreeMap<ShapeKey<'_>, PendingReason> = BTreeMap::new();
+    let mut searches_left = opts.max_preemption_searches;
+
+    // Group queues into levels of equal (priority value, class).
+    let mut levels: Vec<(u16, Vec<LevelQueue<'_>>)> = Vec::new();
+    for (key, q) in &state.queues {
+        let class = key.1;
+        match levels.last_mut() {
+            Some((c, v)) if *c == class => v.push((key, q)),
+            _ => levels.push((class, vec![(key, q)])),
+        }
+    }
+
+    for (class, queues) in levels {
+        let class_info = &state.cat.classes[class as usize];
+        let mut iters: Vec<_> = queues
+            .iter()
+            .map(|(k, q)| (k.2, q.iter().peekable()))
+            .collect();
+        let mut order: BTreeSet<TeamKey> = BTreeSet::new();
+        for (i, (team, it)) in iters.iter_mut().enumerate() {
+            if let Some(&&(submit, id)) = it.peek() {
+                order.insert(w.team_key(*team, &state.pending[&id].spec, submit, id, i));
+            }
+        }
+        while let Some(k) = order.pop_first() {
+            let i = k.5;
+            let (team, it) = &mut iters[i];
+            let team = *team;
+            let Some(&(_, id)) = it.next() else { continue };
+            let spec = &state.pending[&id].spec;
+
+            let skip = !opts.explain && w.global_free == 0 && !w.may_preempt(team, class);
+            if skip {
+                // Nothing is free and this group cannot make room: nothing
+                // else in this group can be placed this cycle.
+                continue;
+            }
+
+            let result = w.schedule_one(
+                state,
+                spec,
+                team,
+                class,
+                &mut failed,
+                &mut searches_left,
+                &mut out,
+            );
+            if let Err(reason) = result {
+                maybe_burst(
+                    state,
+                    opts,
+                    spec,
+                    team,
+                    class_info.burst_allowed,
+                    now_ms,
+                    &mut out,
+                );
+                if opts.explain || reason != PendingReason::NotEvaluated {
+                    out.pending.push((id, reason));
+                }
+                if !opts.explain && w.queue_exhausted(queues[i].0, team, class, &failed) {
+                    // Every shape left in this queue is known not to fit.
+                    continue;
+                }
+            }
+            if let Some(&&(submit, next)) = iters[i].1.peek() {
+                order.insert(w.team_key(team, &state.pending[&next].spec, submit, next, i));
+            }
+        }
+    }
+    out
+}
+
+impl<'s> Work<'s> {
+    /// Schedules one workload: place directly, else preempt, else explain.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn schedule_one(
+        &mut self,
+        state: &State,
+        spec: &'s Arc<WorkloadSpec>,
+        team: u32,
+        class: u16,
+        failed: &mut BTreeMap<ShapeKey<'s>, PendingReason>,
+        searches_left: &mut usize,
+        out: &mut Decisions,
+    ) -> Result<(), PendingReason> {
+        let key = ShapeKey {
+            team,
+            class,
+            model: spec.gpu_model.as_deref(),
+            gpus: spec.gpus_per_replica,
+            replicas: spec.replicas,
+            spread: spec.allow_spread,
+            regions: &spec.regions,
+        };
+        if let Some(r) = failed.get(&key) {
+            return Err(if self.explain {
+                r.clone()
+            } else {
+                PendingReason::NotEvaluated
+            });
+        }
+        if !self.explain {
+            // A failed request of this group that asks for no more than this
+            // one under the same constraints proves this one fails too.
+            if dominated(failed, &key) {
+                return Err(PendingReason::NotEvaluated);
+            }
+        }
+        let models = match self.allowed_models(spec, team) {
+            Ok(m) => m,
+            Err(r) => {
+                failed.insert(key, r.clone());
+                return Err(r);
+            }
+        };
+        for &(m, slot) in &models {
+            if let Some(plan) = self.find(spec, m, None) {
+                self.commit(spec, team, slot, plan, Vec::new(), out);
+                return Ok(());
+            }
+        }
+        let class_info = &state.cat.classes[class as usize];
+        let mut reason = self.explain_capacity(spec, &models, class_info.idle_only);
+        if !class_info.idle_only && !matches!(reason, PendingReason::NeverFits { .. }) {
+            if *searches_left == 0 {
+                reason = PendingReason::PreemptionDeferred;
+            } else {
+                *searches_left -= 1;
+                if let Some((m, slot, cluster, victims)) =
+                    self.find_victims(spec, team, class, &models)
+                {
+                    // Victims hold their GPUs until they stop (grace period);
+                    // only this workload waits for them, so after it is
+                    // placed whatever it left of their GPUs is not free for
+                    // anyone else this cycle.
+                    let held: Vec<(u32, GpuFree)> = victims
+                        .iter()
+                        .flat_map(|(v, _)| state.running[v].gpus.iter())
+                        .map(|&(g, _)| (g, self.gpu_free[g as usize]))
+                        .collect();
+                    let mut ids = Vec::with_capacity(victims.len());
+                    for (v, why) in victims {
+                        self.evict(v);
+                        let grace =
+                            state.cat.classes[state.running[&v].class as usize].grace_period_s;
+                        out.preemptions.push(Preemption {
+                            workload: v,
+                            for_workload: spec.id,
+                            reason: why,
+                            grace_period_s: grace,
+                        });
+                        ids.push(v);
+                    }
+                    let placed = match self.find(spec, m, Some(cluster)) {
+                        Some(plan) => {
+                            self.commit(spec, team, slot, plan, ids, out);
+                            true
+                        }
+                        // Unreachable when find_victims and find agree; the victims
+                        // stay preempted and the workload takes the room next cycle.
+                        None => false,
+                    };
+                    for (g, before) in held {
+                        if self.gpu_free[g as usize] > before {
+                            self.adjust(g, before);
+                        }
+                    }
+                    if placed {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        failed.insert(key, reason.clone());
+        Err(reason)
+    }
+}

@@ -1,0 +1,212 @@
+//! Placement: best fit of a request on the free capacity of a cycle.
+//! Fractions go to the fullest shared GPU that fits before a whole GPU is
+//! split; whole GPUs to the fullest node that holds them; gangs and spread
+//! workloads to the best-fit cluster, all or nothing.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+
+use axle_policy::{MILLI_PER_GPU, Milli};
+
+use super::work::{Plan, Work};
+use crate::state::{FULL_GPU, GpuFree};
+use crate::types::WorkloadSpec;
+
+impl<'s> Work<'s> {
+    /// Finds GPUs for the whole request on model `m` with the current free
+    /// capacity, optionally only in one cluster. Best fit: the fullest node or
+    /// shared GPU that still fits, so whole GPUs and big blocks stay free.
+    pub(super) fn find(&self, spec: &WorkloadSpec, m: u16, only: Option<u32>) -> Option<Plan> {
+        let single = spec.replicas == 1 && !spec.allow_spread;
+        if single {
+            let ok = |node: u32| {
+                self.node_ok(spec, node)
+                    && only.is_none_or(|c| self.s.nodes[node as usize].cluster == c)
+            };
+            return self
+                .find_on_nodes(spec.gpus_per_replica, m, ok)
+                .map(|r| vec![r]);
+        }
+        let total_whole = if spec.gpus_per_replica.0 >= MILLI_PER_GPU {
+            spec.gpus_per_replica.whole_gpus() * u64::from(spec.replicas)
+        } else {
+            0
+        };
+        // Best-fit cluster: the fewest free GPUs of the model that may fit.
+        let mut clusters: Vec<(u32, u32)> = (0..self.s.clusters.len() as u32)
+            .filter(|&c| self.cluster_ok(spec, c) && only.is_none_or(|o| o == c))
+            .map(|c| (self.cluster_full[c as usize][m as usize], c))
+            .filter(|&(full, _)| u64::from(full) >= total_whole)
+            .collect();
+        clusters.sort_unstable();
+        for (_, c) in clusters {
+            if let Some(p) = self.plan_in_cluster(spec, m, c, &|g| self.gpu_free[g as usize]) {
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// One replica on one node (or one GPU for a fraction), best fit.
+    pub(super) fn find_on_nodes(
+        &self,
+        g: Milli,
+        m: u16,
+        ok: impl Fn(u32) -> bool,
+    ) -> Option<Vec<(u32, GpuFree)>> {
+        if g.0 < MILLI_PER_GPU {
+            let need = g.0 as GpuFree;
+            for &(_, gpu) in self.partial[m as usize].range((need, 0)..) {
+                if ok(self.s.gpu_node[gpu as usize]) {
+                    return Some(vec![(gpu, need)]);
+                }
+            }
+            for &(_, node) in self.whole[m as usize].range((1, 0)..) {
+                if ok(node) {
+                    let n = &self.s.nodes[node as usize];
+                    let gpu = (n.first_gpu..n.first_gpu + n.gpu_count)
+                        .find(|&x| self.gpu_free[x as usize] == FULL_GPU)?;
+                    return Some(vec![(gpu, need)]);
+                }
+            }
+            return None;
+        }
+        let k = g.whole_gpus() as u32;
+        for &(_, node) in self.whole[m as usize].range((k, 0)..) {
+            if ok(node) {
+                let n = &self.s.nodes[node as usize];
+                let gpus: Vec<(u32, GpuFree)> = (n.first_gpu..n.first_gpu + n.gpu_count)
+                    .filter(|&x| self.gpu_free[x as usize] == FULL_GPU)
+                    .take(k as usize)
+                    .map(|x| (x, FULL_GPU))
+                    .collect();
+                return Some(gpus);
+            }
+        }
+        None
+    }
+
+    /// Plans every replica of a gang (or a spread workload) inside cluster `c`
+    /// against the free array `free`, without changing anything.
+    pub(super) fn plan_in_cluster(
+        &self,
+        spec: &WorkloadSpec,
+        m: u16,
+        c: u32,
+        free: &dyn Fn(u32) -> GpuFree,
+    ) -> Option<Plan> {
+        let mut free_local: BTreeMap<u32, GpuFree> = BTreeMap::new();
+        let get =
+            |fl: &BTreeMap<u32, GpuFree>, g: u32| fl.get(&g).copied().unwrap_or_else(|| free(g));
+        let nodes: Vec<u32> = self.s.clusters[c as usize]
+            .nodes
+            .iter()
+            .copied()
+            .filter(|&n| self.s.nodes[n as usize].model == m)
+            .collect();
+        let g = spec.gpus_per_replica;
+        let mut plan = Vec::with_capacity(spec.replicas as usize);
+        for _ in 0..spec.replicas {
+            let mut shards = Vec::new();
+            if g.0 < MILLI_PER_GPU {
+                let need = g.0 as GpuFree;
+                // Shared GPUs first (best fit), then a fully free one.
+                let mut best: Option<(GpuFree, u32)> = None;
+                for &n in &nodes {
+                    let nr = &self.s.nodes[n as usize];
+                    for x in nr.first_gpu..nr.first_gpu + nr.gpu_count {
+                        let f = get(&free_local, x);
+                        if f >= need {
+                            let key = (if f == FULL_GPU { FULL_GPU + 1 } else { f }, x);
+                            if best.is_none_or(|b| key < b) {
+                                best = Some(key);
+                            }
+                        }
+                    }
+                }
+                let (_, x) = best?;
+                free_local.insert(x, get(&free_local, x) - need);
+                shards.push((x, need));
+            } else {
+                let k = g.whole_gpus() as usize;
+                let full_on = |fl: &BTreeMap<u32, GpuFree>, n: u32| {
+                    let nr = &self.s.nodes[n as usize];
+                    (nr.first_gpu..nr.first_gpu + nr.gpu_count)
+                        .filter(|&x| get(fl, x) == FULL_GPU)
+                        .collect::<Vec<u32>>()
+                };
+                // Best-fit node holding the whole replica.
+                let mut best: Option<(usize, u32)> = None;
+                for &n in &nodes {
+                    let cnt = full_on(&free_local, n).len();
+                    if cnt >= k && best.is_none_or(|b| (cnt, n) < b) {
+                        best = Some((cnt, n));
+                    }
+                }
+                if let Some((_, n)) = best {
+                    for x in full_on(&free_local, n).into_iter().take(k) {
+                        free_local.insert(x, 0);
+                        shards.push((x, FULL_GPU));
+                    }
+                } else if spec.allow_spread {
+                    // Largest blocks first, so the replica spans as few nodes as possible.
+                    let mut by_size: Vec<(Reverse<usize>, u32)> = nodes
+                        .iter()
+                        .map(|&n| (Reverse(full_on(&free_local, n).len()), n))
+                        .filter(|(Reverse(c), _)| *c > 0)
+                        .collect();
+                    by_size.sort_unstable();
+                    let mut left = k;
+                    for (_, n) in by_size {
+                        for x in full_on(&free_local, n) {
+                            if left == 0 {
+                                break;
+                            }
+                            free_local.insert(x, 0);
+                            shards.push((x, FULL_GPU));
+                            left -= 1;
+                        }
+                    }
+                    if left > 0 {
+                        return None;
+                    }
+                } else {
+                    return None;
+                }
+            }
+            plan.push(shards);
+        }
+        Some(plan)
+    }
+
+    /// Would `spec` fit in the scope with free array `free`?
+    pub(super) fn fits_in(
+        &self,
+        spec: &WorkloadSpec,
+        m: u16,
+        cluster: u32,
+        nodes: &[u32],
+        overlay: &BTreeMap<u32, GpuFree>,
+    ) -> bool {
+        let free = |g: u32| {
+            overlay
+                .get(&g)
+                .copied()
+                .unwrap_or(self.gpu_free[g as usize])
+        };
+        if spec.replicas == 1 && !spec.allow_spread {
+            let g = spec.gpus_per_replica;
+            return nodes.iter().any(|&n| {
+                let nr = &self.s.nodes[n as usize];
+                let gpus = nr.first_gpu..nr.first_gpu + nr.gpu_count;
+                if g.0 < MILLI_PER_GPU {
+                    gpus.into_iter().any(|x| u64::from(free(x)) >= g.0)
+                } else {
+                    gpus.into_iter().filter(|&x| free(x) == FULL_GPU).count() as u64
+                        >= g.whole_gpus()
+                }
+            });
+        }
+        self.plan_in_cluster(spec, m, cluster, &free).is_some()
+    }
+}

@@ -1,0 +1,180 @@
+//! The working copy of capacity and usage one cycle decides on: free
+//! milli-GPUs per GPU with indices for best fit, per-team usage, and the
+//! victims already chosen. Placements and evictions update every index.
+
+use std::collections::BTreeSet;
+
+use axle_policy::Milli;
+
+use crate::state::{FULL_GPU, GpuFree, State};
+use crate::types::{Allocation, Decisions, Placement, Shard, WorkloadId, WorkloadSpec};
+
+/// A candidate plan: global GPU index and milli per shard, per replica.
+pub(super) type Plan = Vec<Vec<(u32, GpuFree)>>;
+
+/// The mutable copy of capacity and usage a cycle works on.
+pub(super) struct Work<'s> {
+    pub(super) s: &'s State,
+    pub(super) gpu_free: Vec<GpuFree>,
+    pub(super) node_full: Vec<u32>,
+    /// Per model: (fully free GPUs, node) for schedulable nodes with at least one.
+    pub(super) whole: Vec<BTreeSet<(u32, u32)>>,
+    /// Per model: (free milli, gpu) for schedulable GPUs that are partly used.
+    pub(super) partial: Vec<BTreeSet<(GpuFree, u32)>>,
+    /// [cluster][model] fully free GPUs.
+    pub(super) cluster_full: Vec<Vec<u32>>,
+    pub(super) global_free: u64,
+    pub(super) usage: Vec<Vec<Milli>>,
+    pub(super) preempted: BTreeSet<WorkloadId>,
+    pub(super) lowest_class_value: i32,
+    /// Does any team run above its guarantee (at cycle start)?
+    pub(super) borrowers_exist: bool,
+    pub(super) explain: bool,
+}
+
+impl<'s> Work<'s> {
+    pub(super) fn new(s: &'s State, explain: bool) -> Work<'s> {
+        let models = s.cat.models.len();
+        let mut w = Work {
+            s,
+            gpu_free: s.gpu_free.clone(),
+            node_full: vec![0; s.nodes.len()],
+            whole: vec![BTreeSet::new(); models],
+            partial: vec![BTreeSet::new(); models],
+            cluster_full: vec![vec![0; models]; s.clusters.len()],
+            global_free: 0,
+            usage: s.usage.clone(),
+            preempted: BTreeSet::new(),
+            lowest_class_value: s.cat.classes.iter().map(|c| c.value).min().unwrap_or(0),
+            explain,
+            borrowers_exist: s.cat.teams.iter().enumerate().any(|(t, info)| {
+                info.slots
+                    .iter()
+                    .enumerate()
+                    .any(|(i, slot)| s.usage[t][i] > slot.1)
+            }),
+        };
+        for (ni, n) in s.nodes.iter().enumerate() {
+            let sched = s.clusters[n.cluster as usize].schedulable;
+            let mut full = 0;
+            for g in n.first_gpu..n.first_gpu + n.gpu_count {
+                let f = w.gpu_free[g as usize];
+                if f == FULL_GPU {
+                    full += 1;
+                } else if f > 0 && sched {
+                    w.partial[n.model as usize].insert((f, g));
+                }
+                if sched {
+                    w.global_free += u64::from(f);
+                }
+            }
+            w.node_full[ni] = full;
+            if sched {
+                if full > 0 {
+                    w.whole[n.model as usize].insert((full, ni as u32));
+                }
+                w.cluster_full[n.cluster as usize][n.model as usize] += full;
+            }
+        }
+        w
+    }
+
+    pub(super) fn schedulable_gpu(&self, g: u32) -> (u32, bool) {
+        let node = self.s.gpu_node[g as usize];
+        let c = self.s.nodes[node as usize].cluster;
+        (node, self.s.clusters[c as usize].schedulable)
+    }
+
+    /// Changes the free amount of GPU `g` by `delta` and keeps every index true.
+    pub(super) fn adjust(&mut self, g: u32, new_free: GpuFree) {
+        let old = self.gpu_free[g as usize];
+        if old == new_free {
+            return;
+        }
+        let (node, sched) = self.schedulable_gpu(g);
+        let n = &self.s.nodes[node as usize];
+        let model = n.model as usize;
+        self.gpu_free[g as usize] = new_free;
+        if !sched {
+            return;
+        }
+        self.global_free = self.global_free + u64::from(new_free) - u64::from(old);
+        if old > 0 && old < FULL_GPU {
+            self.partial[model].remove(&(old, g));
+        }
+        if new_free > 0 && new_free < FULL_GPU {
+            self.partial[model].insert((new_free, g));
+        }
+        let was_full = old == FULL_GPU;
+        let is_full = new_free == FULL_GPU;
+        if was_full != is_full {
+            let full = self.node_full[node as usize];
+            if full > 0 {
+                self.whole[model].remove(&(full, node));
+            }
+            let full = if is_full { full + 1 } else { full - 1 };
+            self.node_full[node as usize] = full;
+            if full > 0 {
+                self.whole[model].insert((full, node));
+            }
+            let cf = &mut self.cluster_full[n.cluster as usize][model];
+            if is_full { *cf += 1 } else { *cf -= 1 }
+        }
+    }
+
+    pub(super) fn cluster_ok(&self, spec: &WorkloadSpec, cluster: u32) -> bool {
+        let c = &self.s.clusters[cluster as usize];
+        c.schedulable && (spec.regions.is_empty() || spec.regions.contains(&c.region))
+    }
+
+    pub(super) fn node_ok(&self, spec: &WorkloadSpec, node: u32) -> bool {
+        self.cluster_ok(spec, self.s.nodes[node as usize].cluster)
+    }
+
+    pub(super) fn commit(
+        &mut self,
+        spec: &WorkloadSpec,
+        team: u32,
+        slot: u16,
+        plan: Plan,
+        after_preempting: Vec<WorkloadId>,
+        out: &mut Decisions,
+    ) {
+        let mut cluster = 0;
+        let replicas = plan
+            .iter()
+            .map(|shards| {
+                shards
+                    .iter()
+                    .map(|&(g, m)| {
+                        let node = self.s.gpu_node[g as usize];
+                        let n = &self.s.nodes[node as usize];
+                        cluster = n.cluster;
+                        self.adjust(g, self.gpu_free[g as usize] - m);
+                        Shard {
+                            node: n.local,
+                            gpu: g - n.first_gpu,
+                            milli: Milli(u64::from(m)),
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        self.usage[team as usize][slot as usize] += spec.total_gpus();
+        out.placements.push(Placement {
+            workload: spec.id,
+            allocation: Allocation { cluster, replicas },
+            after_preempting,
+        });
+    }
+
+    pub(super) fn evict(&mut self, v: WorkloadId) {
+        let r = &self.s.running[&v];
+        for &(g, m) in &r.gpus {
+            self.adjust(g, self.gpu_free[g as usize] + m);
+        }
+        let u = &mut self.usage[r.team as usize][r.slot as usize];
+        *u = u.saturating_sub(r.spec.total_gpus());
+        self.preempted.insert(v);
+    }
+}
