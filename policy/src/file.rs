@@ -245,6 +245,16 @@ pub struct PriorityClassSpec {
     /// May workloads of this class burst to the cloud (default true).
     #[serde(default)]
     pub burst_allowed: Option<bool>,
+    /// Workloads save their progress and resume after preemption (default false).
+    #[serde(default)]
+    pub checkpointable: Option<bool>,
+    /// How often a checkpointable workload saves on its own (default 1800).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub checkpoint_interval_seconds: Option<Loc<i64>>,
+    /// Signal sent at preemption to a checkpointable workload (default SIGTERM).
+    #[serde(default)]
+    pub checkpoint_signal: Option<Loc<String>>,
 }
 
 /// `spec` of a `Cluster`.
@@ -320,6 +330,11 @@ pub struct SettingsSpec {
     /// Priority class of workloads that name none (default `development`).
     #[serde(default)]
     pub default_priority_class: Option<Loc<String>>,
+    /// `borrowedOnly` (default): another team's work is preempted only from
+    /// what that team borrows; `any`: priority may take any team's GPUs.
+    #[serde(default)]
+    #[schemars(extend("enum" = ["borrowedOnly", "any"]))]
+    pub cross_team_preemption: Option<Loc<String>>,
     /// GPU models beyond the built-in list.
     #[serde(default)]
     pub gpu_classes: Vec<Loc<String>>,

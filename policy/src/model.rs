@@ -193,7 +193,27 @@ pub struct PriorityClass {
     pub idle_only: bool,
     /// May this class burst to cloud providers at all.
     pub burst_allowed: bool,
+    /// Workloads of this class save their progress: on preemption they get
+    /// `checkpoint_signal` and their grace period to save, and every run
+    /// resumes from the checkpoint directory. A workload may override it.
+    pub checkpointable: bool,
+    /// How often a checkpointable workload saves on its own; what a
+    /// preemption costs it is at most this much work.
+    pub checkpoint_interval_s: u64,
+    /// The signal a checkpointable workload gets at preemption (`SIGTERM`,
+    /// `SIGUSR1`, ...); SIGKILL follows after the grace period.
+    pub checkpoint_signal: String,
 }
+
+/// Default `checkpointIntervalSeconds`: half an hour, the interval training
+/// frameworks' checkpoint callbacks are commonly set to.
+pub const DEFAULT_CHECKPOINT_INTERVAL_S: u64 = 1800;
+
+/// Signals a workload may ask for at preemption. SIGKILL and SIGSTOP cannot
+/// be caught, so they cannot ask a workload to save.
+pub const CHECKPOINT_SIGNALS: &[&str] = &[
+    "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2",
+];
 
 impl PriorityClass {
     pub fn is_preemptible(&self) -> bool {
@@ -272,6 +292,8 @@ pub struct Settings {
     pub spoke_lost_after_s: u64,
     /// Priority class of a workload that names none.
     pub default_priority_class: String,
+    /// Whose workloads a team's work may preempt (DESIGN.md invariant 3).
+    pub cross_team_preemption: CrossTeamPreemption,
     /// Known GPU classes (built-ins plus `gpuClasses` from the file).
     pub gpu_classes: Vec<String>,
 }
@@ -283,7 +305,36 @@ impl Default for Settings {
             burst_wait_threshold_s: 300,
             spoke_lost_after_s: 30,
             default_priority_class: "development".to_string(),
+            cross_team_preemption: CrossTeamPreemption::BorrowedOnly,
             gpu_classes: BUILTIN_GPU_CLASSES.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+/// Whose workloads a team's work may preempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum CrossTeamPreemption {
+    /// Guarantees are hard: another team's work is preempted only from the
+    /// capacity that team borrows (it runs above its guarantee and stays at
+    /// or above it), and non-preemptible work runs only within its own
+    /// team's guarantee, since nothing could take it back.
+    #[default]
+    BorrowedOnly,
+    /// Priority is global: a class may preempt any workload of a class it
+    /// may preempt, whoever's guarantee it runs on. Guarantees only bound
+    /// reclaim and fair share.
+    Any,
+}
+
+impl CrossTeamPreemption {
+    pub const ALL: [CrossTeamPreemption; 2] =
+        [CrossTeamPreemption::BorrowedOnly, CrossTeamPreemption::Any];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CrossTeamPreemption::BorrowedOnly => "borrowedOnly",
+            CrossTeamPreemption::Any => "any",
         }
     }
 }
@@ -299,6 +350,9 @@ pub fn default_priority_classes() -> BTreeMap<String, PriorityClass> {
             grace_period_s: 30,
             idle_only,
             burst_allowed,
+            checkpointable: false,
+            checkpoint_interval_s: DEFAULT_CHECKPOINT_INTERVAL_S,
+            checkpoint_signal: "SIGTERM".to_string(),
         };
     [
         class("production", 1000, &[], false, true),

@@ -7,8 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::document::{Doc, Docs};
 use crate::file::{Loc, ProviderTypeSpec, RoleSpec};
 use crate::model::{
-    ANY_GPU_CLASS, BurstProvider, Cluster, MILLI_PER_GPU, Member, Milli, NodeGroup, Policy,
-    PriorityClass, ProviderType, Quota, Role, Settings, Team, TeamBurst, default_priority_classes,
+    ANY_GPU_CLASS, BurstProvider, CHECKPOINT_SIGNALS, Cluster, CrossTeamPreemption,
+    DEFAULT_CHECKPOINT_INTERVAL_S, MILLI_PER_GPU, Member, Milli, NodeGroup, Policy, PriorityClass,
+    ProviderType, Quota, Role, Settings, Team, TeamBurst, default_priority_classes,
 };
 use crate::report::{Pos, Reporter};
 
@@ -181,6 +182,20 @@ fn settings(docs: &Docs, rep: &mut Reporter<'_>) -> (Settings, Option<(Pos, Stri
             settings.spoke_lost_after_s = v.value;
         }
     }
+    if let Some(c) = &s.cross_team_preemption {
+        match CrossTeamPreemption::ALL
+            .into_iter()
+            .find(|v| v.as_str() == c.value)
+        {
+            Some(v) => settings.cross_team_preemption = v,
+            None => rep.error(
+                first.at(c),
+                first.path("crossTeamPreemption"),
+                format!("unknown crossTeamPreemption `{}`", c.value),
+                "use `borrowedOnly` (guarantees are hard) or `any` (priority may take any team's GPUs)",
+            ),
+        }
+    }
     let mut default_class = None;
     if let Some(c) = &s.default_priority_class {
         settings.default_priority_class = c.value.clone();
@@ -264,6 +279,45 @@ fn priority_classes(docs: &Docs, rep: &mut Reporter<'_>) -> BTreeMap<String, Pri
                 grace_period_s = g.value;
             }
         }
+        let checkpointable = s.checkpointable.unwrap_or(false);
+        let mut checkpoint_interval_s = DEFAULT_CHECKPOINT_INTERVAL_S;
+        if let Some(i) = &s.checkpoint_interval_seconds {
+            if i.value < 1 {
+                rep.error(
+                    doc.at(i),
+                    doc.path("checkpointIntervalSeconds"),
+                    format!(
+                        "checkpointIntervalSeconds must be at least 1 second (got {})",
+                        i.value
+                    ),
+                    "how often the workload saves its progress, such as 1800",
+                );
+            } else {
+                checkpoint_interval_s = i.value as u64;
+                if !checkpointable {
+                    rep.warning(
+                        doc.at(i),
+                        doc.path("checkpointIntervalSeconds"),
+                        "checkpointIntervalSeconds has no effect without `checkpointable: true`"
+                            .to_string(),
+                        "set checkpointable: true, or remove the interval",
+                    );
+                }
+            }
+        }
+        let mut checkpoint_signal = "SIGTERM".to_string();
+        if let Some(sig) = &s.checkpoint_signal {
+            if CHECKPOINT_SIGNALS.contains(&sig.value.as_str()) {
+                checkpoint_signal = sig.value.clone();
+            } else {
+                rep.error(
+                    doc.at(sig),
+                    doc.path("checkpointSignal"),
+                    format!("unknown or uncatchable checkpointSignal `{}`", sig.value),
+                    &format!("use one of {}", CHECKPOINT_SIGNALS.join(", ")),
+                );
+            }
+        }
         out.insert(
             doc.name.clone(),
             PriorityClass {
@@ -273,6 +327,9 @@ fn priority_classes(docs: &Docs, rep: &mut Reporter<'_>) -> BTreeMap<String, Pri
                 grace_period_s,
                 idle_only: s.idle_only.unwrap_or(false),
                 burst_allowed: s.burst_allowed.unwrap_or(true),
+                checkpointable,
+                checkpoint_interval_s,
+                checkpoint_signal,
             },
         );
     }

@@ -726,3 +726,69 @@ fn ok_dir(dir: &std::path::Path) -> Loaded {
         Err(e) => panic!("{e}"),
     }
 }
+
+#[test]
+fn unknown_cross_team_preemption_names_the_line() {
+    let settings = "apiVersion: axle.dev/v1\nkind: Settings\nmetadata:\n  name: s\nspec:\n  crossTeamPreemption: always\n";
+    let f = fail(&policy(&[("settings.yaml", settings)]));
+    let d = find(&f.errors, "unknown crossTeamPreemption `always`");
+    at(d, "settings.yaml", 6, 24, "crossTeamPreemption");
+    assert!(d.hint.as_deref().unwrap().contains("borrowedOnly"), "{d}");
+    for good in ["borrowedOnly", "any"] {
+        let settings = format!(
+            "apiVersion: axle.dev/v1\nkind: Settings\nmetadata:\n  name: s\nspec:\n  crossTeamPreemption: {good}\n"
+        );
+        let loaded = ok(&policy(&[("settings.yaml", &settings)]));
+        assert_eq!(loaded.policy.settings.cross_team_preemption.as_str(), good);
+    }
+}
+
+#[test]
+fn checkpoint_interval_and_signal_are_checked() {
+    let class = |extra: &str| {
+        format!(
+            "apiVersion: axle.dev/v1\nkind: PriorityClass\nmetadata:\n  name: development\nspec:\n  value: 10\n  preemptibleBy: []\n{extra}"
+        )
+    };
+    for bad in ["-5", "0"] {
+        let c = class(&format!(
+            "  checkpointable: true\n  checkpointIntervalSeconds: {bad}\n"
+        ));
+        let f = fail(&policy(&[("classes.yaml", &c)]));
+        at(
+            find(
+                &f.errors,
+                "checkpointIntervalSeconds must be at least 1 second",
+            ),
+            "classes.yaml",
+            9,
+            30,
+            "PriorityClass/development.spec.checkpointIntervalSeconds",
+        );
+    }
+    let c = class("  checkpointable: true\n  checkpointSignal: SIGKILL\n");
+    let f = fail(&policy(&[("classes.yaml", &c)]));
+    at(
+        find(&f.errors, "uncatchable checkpointSignal `SIGKILL`"),
+        "classes.yaml",
+        9,
+        21,
+        "checkpointSignal",
+    );
+    let c = class("  checkpointIntervalSeconds: 600\n");
+    let loaded = ok(&policy(&[("classes.yaml", &c)]));
+    assert!(
+        loaded.warnings.iter().any(|w| w
+            .message
+            .contains("no effect without `checkpointable: true`")),
+        "{:?}",
+        loaded.warnings
+    );
+    let c = class(
+        "  checkpointable: true\n  checkpointIntervalSeconds: 600\n  checkpointSignal: SIGUSR1\n",
+    );
+    let pc = &ok(&policy(&[("classes.yaml", &c)])).policy.priority_classes["development"];
+    assert!(pc.checkpointable);
+    assert_eq!(pc.checkpoint_interval_s, 600);
+    assert_eq!(pc.checkpoint_signal, "SIGUSR1");
+}

@@ -29,6 +29,9 @@ fn class(name: &str, value: i32, by: &[&str], idle_only: bool) -> (String, Prior
             grace_period_s: 30,
             idle_only,
             burst_allowed: !idle_only,
+            checkpointable: false,
+            checkpoint_interval_s: 1800,
+            checkpoint_signal: "SIGTERM".into(),
         },
     )
 }
@@ -104,6 +107,8 @@ fn spec(id: u64, team: usize, class: &str, gpus: Milli) -> WorkloadSpec {
         allow_spread: false,
         burst_allowed: false,
         submit_time_ms: id,
+        checkpoint_interval_s: None,
+        max_runtime_s: None,
     }
 }
 
@@ -125,15 +130,17 @@ fn deep_queue() -> State {
     s
 }
 
-/// A full fleet of batch work (one 1-GPU workload per GPU) and 256 pending
-/// training workloads that can only run by preempting.
-fn must_preempt() -> State {
+/// A full fleet of batch work (one 1-GPU workload per GPU) held by the
+/// first half of the teams, each borrowing twice its guarantee, and 256
+/// pending training workloads of `gpus` GPUs from teams of the other half,
+/// within their guarantees, that can only run by preempting (reclaim).
+fn must_preempt(gpus: u64) -> State {
     let mut s = State::new(Arc::new(policy()), &inventory());
     let mut id = 0u64;
     for c in 0..CLUSTERS as u32 {
         for n in 0..NODES_PER_CLUSTER as u32 {
             for g in 0..GPUS_PER_NODE {
-                let team = (id as usize) % TEAMS;
+                let team = (id as usize) % (TEAMS / 2);
                 let w = spec(id, team, "batch", Milli::gpus(1));
                 let alloc = Allocation {
                     cluster: c,
@@ -151,9 +158,9 @@ fn must_preempt() -> State {
     for i in 0..256u64 {
         s.submit(spec(
             id + i,
-            (i as usize * 13) % TEAMS,
+            TEAMS / 2 + (i as usize * 13) % (TEAMS / 2),
             "training",
-            Milli::gpus(1),
+            Milli::gpus(gpus),
         ))
         .expect("valid");
     }
@@ -172,15 +179,32 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(cycle(black_box(&state), 1_000_000, &opts)))
     });
 
-    let state = must_preempt();
+    // One victim per request: a borrower of the lowest class on every node,
+    // each losing a different amount of work.
+    let state = must_preempt(1);
     let d = cycle(&state, 1_000_000, &opts);
     println!(
-        "must preempt: {} placed, {} preempted per cycle",
+        "must preempt, one victim each: {} placed, {} preempted per cycle",
         d.placements.len(),
         d.preemptions.len()
     );
-    g.throughput(Throughput::Elements(d.placements.len() as u64));
+    g.throughput(Throughput::Elements(d.preemptions.len() as u64));
     g.bench_function("preempt_256_on_full_fleet_500x16x8", |b| {
+        b.iter(|| black_box(cycle(black_box(&state), 1_000_000, &opts)))
+    });
+
+    // The worst case: no ideal victim anywhere. Every request needs two
+    // victims, every node of the fleet offers them, so no search can stop at
+    // a perfect victim and each one compares scopes.
+    let state = must_preempt(2);
+    let d = cycle(&state, 1_000_000, &opts);
+    println!(
+        "must preempt, no ideal victim: {} placed, {} preempted per cycle",
+        d.placements.len(),
+        d.preemptions.len()
+    );
+    g.throughput(Throughput::Elements(d.preemptions.len() as u64));
+    g.bench_function("preempt_worst_case_no_ideal_victim_500x16x8", |b| {
         b.iter(|| black_box(cycle(black_box(&state), 1_000_000, &opts)))
     });
     g.finish();

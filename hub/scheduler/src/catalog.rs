@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use axle_policy::{Milli, Policy};
+use axle_policy::{CrossTeamPreemption, Milli, Policy};
 
 use crate::types::Inventory;
 
@@ -37,6 +37,11 @@ impl ClassInfo {
     pub fn is_preemptible(&self) -> bool {
         self.preemptible_by != 0
     }
+
+    /// May work of class index `class` preempt this class?
+    pub fn preemptible_by(&self, class: u16) -> bool {
+        (self.preemptible_by >> (class % 64)) & 1 == 1
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -55,6 +60,10 @@ pub(crate) struct Catalog {
     /// workload when it restarted before its spokes reconnected, and cancel
     /// pending ones whose only cluster was briefly disconnected.)
     pub largest_node: Vec<u32>,
+    /// `crossTeamPreemption: borrowedOnly`: another team's work is taken
+    /// only from what that team borrows, and work that is never preempted
+    /// runs only within its own team's guarantee.
+    pub guarantees_hard: bool,
 }
 
 impl Catalog {
@@ -130,6 +139,8 @@ impl Catalog {
             }
         }
         Catalog {
+            guarantees_hard: policy.settings.cross_team_preemption
+                == CrossTeamPreemption::BorrowedOnly,
             policy,
             teams,
             team_index,

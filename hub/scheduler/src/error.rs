@@ -44,6 +44,16 @@ pub enum RequestError {
         requested: Milli,
         limit: Milli,
     },
+    #[error(
+        "{requested} GPUs exceed team {team}'s guarantee of {guaranteed} {class}: {priority} work is never preempted, so it runs only within its team's guarantee; ask for at most {guaranteed}, or use a preemptible priority class to borrow idle GPUs"
+    )]
+    AboveGuarantee {
+        team: String,
+        class: String,
+        priority: String,
+        requested: Milli,
+        guaranteed: Milli,
+    },
     #[error("workload id {0} already exists")]
     DuplicateId(WorkloadId),
     #[error("unknown workload id {0}")]

@@ -74,6 +74,8 @@ pub struct State {
     pub(crate) gpu_node: Vec<u32>,
     /// Workloads with a shard on each node.
     pub(crate) node_running: Vec<BTreeSet<WorkloadId>>,
+    /// Running workloads of each team (by team index).
+    pub(crate) team_running: Vec<BTreeSet<WorkloadId>>,
     pub(crate) running: BTreeMap<WorkloadId, RunningWorkload>,
     /// usage[team][slot]
     pub(crate) usage: Vec<Vec<Milli>>,
@@ -151,6 +153,7 @@ impl State {
             .collect();
         let node_count = nodes.len();
         let class_count = cat.classes.len();
+        let team_count = cat.teams.len();
         State {
             cat,
             clusters,
@@ -159,6 +162,7 @@ impl State {
             gpu_free,
             gpu_node,
             node_running: vec![BTreeSet::new(); node_count],
+            team_running: vec![BTreeSet::new(); team_count],
             running: BTreeMap::new(),
             usage,
             running_per_class: vec![0; class_count],
@@ -172,9 +176,9 @@ impl State {
         &self.cat.policy
     }
 
-    /// Checks a request against policy and inventory without changing anything.
+    /// Checks a new request against policy and inventory without changing anything.
     pub fn validate(&self, spec: &WorkloadSpec) -> Result<(), RequestError> {
-        crate::validate::validate(&self.cat, spec)
+        crate::validate::validate(&self.cat, spec, true)
     }
 
     /// Queues a workload. Fails (changing nothing) on an invalid or impossible request
@@ -254,6 +258,7 @@ impl State {
         }
         let u = &mut self.usage[r.team as usize][r.slot as usize];
         *u = u.saturating_sub(r.spec.total_gpus());
+        self.team_running[r.team as usize].remove(&id);
         self.running_per_class[r.class as usize] -= 1;
         Some(r)
     }
@@ -268,7 +273,7 @@ impl State {
         allocation: Allocation,
         start_time_ms: u64,
     ) -> Result<(), RequestError> {
-        self.validate(&spec)?;
+        crate::validate::validate(&self.cat, &spec, false)?;
         let cluster = self
             .clusters
             .get(allocation.cluster as usize)
@@ -330,6 +335,7 @@ impl State {
             self.node_running[node as usize].insert(spec.id);
         }
         self.usage[team as usize][slot as usize] += spec.total_gpus();
+        self.team_running[team as usize].insert(spec.id);
         self.running_per_class[class as usize] += 1;
         self.running.insert(
             spec.id,

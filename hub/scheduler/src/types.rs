@@ -32,11 +32,30 @@ pub struct WorkloadSpec {
     pub burst_allowed: bool,
     /// Original submit time; a preempted workload keeps it.
     pub submit_time_ms: u64,
+    /// `Some(interval)`: the workload checkpoints every `interval` seconds
+    /// (and on its preemption signal), so a preemption costs it at most the
+    /// work since its last checkpoint. `None`: it restarts from zero.
+    pub checkpoint_interval_s: Option<u64>,
+    /// The most a run may take (the hub stops it then); used for start
+    /// estimates and reservations, never trusted beyond that.
+    pub max_runtime_s: Option<u64>,
 }
 
 impl WorkloadSpec {
     pub fn total_gpus(&self) -> Milli {
         Milli(self.gpus_per_replica.0 * u64::from(self.replicas))
+    }
+
+    /// Milli-GPU·milliseconds of work a preemption at `now_ms` throws away
+    /// for a run that started at `start_ms`: everything since the start
+    /// without checkpoints, else what was done since the last checkpoint.
+    pub fn lost_work_milli_ms(&self, start_ms: u64, now_ms: u64) -> u128 {
+        let ran_ms = now_ms.saturating_sub(start_ms);
+        let lost_ms = match self.checkpoint_interval_s {
+            Some(interval_s) if interval_s > 0 => ran_ms % (interval_s.saturating_mul(1000)),
+            _ => ran_ms,
+        };
+        u128::from(lost_ms) * u128::from(self.total_gpus().0)
     }
 }
 
@@ -103,6 +122,9 @@ pub struct Preemption {
     pub for_workload: WorkloadId,
     pub reason: PreemptReason,
     pub grace_period_s: u64,
+    /// Work the victim loses, in GPU-milliseconds: all of this run without
+    /// checkpoints, else what it did since its last checkpoint.
+    pub lost_gpu_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,6 +134,8 @@ pub enum PreemptReason {
     Priority {
         victim_class: String,
         preemptor_class: String,
+        victim_team: String,
+        preemptor_team: String,
     },
     /// The preemptor's team is reclaiming its guarantee from a borrower.
     QuotaReclaim {
@@ -128,9 +152,20 @@ impl fmt::Display for PreemptReason {
             PreemptReason::Priority {
                 victim_class,
                 preemptor_class,
+                victim_team,
+                preemptor_team,
+            } if victim_team == preemptor_team => write!(
+                f,
+                "preempted by higher priority {preemptor_class} work of its own team {preemptor_team} ({victim_class} may be preempted by {preemptor_class})"
+            ),
+            PreemptReason::Priority {
+                victim_class,
+                preemptor_class,
+                victim_team,
+                preemptor_team,
             } => write!(
                 f,
-                "preempted by higher priority {preemptor_class} work ({victim_class} may be preempted by {preemptor_class})"
+                "preempted by higher priority {preemptor_class} work of team {preemptor_team} ({victim_class} may be preempted by {preemptor_class}; team {victim_team} ran above its guarantee)"
             ),
             PreemptReason::QuotaReclaim {
                 victim_team,
@@ -169,6 +204,11 @@ pub enum PendingReason {
         limit: Milli,
         used: Milli,
         requested: Milli,
+        /// The cap is the team's guarantee: the class is never preempted,
+        /// so it never borrows.
+        within_guarantee_only: bool,
+        /// The team's own running work this request may preempt there.
+        own_preemptible: Milli,
     },
     NoQuotaForModel {
         team: String,
@@ -205,10 +245,21 @@ impl fmt::Display for PendingReason {
                 limit,
                 used,
                 requested,
-            } => write!(
-                f,
-                "team {team} is at its limit of {limit} {gpu_class} ({used} in use, this needs {requested} more)"
-            ),
+                within_guarantee_only,
+                own_preemptible: _,
+            } => {
+                if *within_guarantee_only {
+                    write!(
+                        f,
+                        "team {team} is at its guarantee of {limit} {gpu_class}, which bounds work that is never preempted ({used} in use, this needs {requested} more)"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "team {team} is at its limit of {limit} {gpu_class} ({used} in use, this needs {requested} more)"
+                    )
+                }
+            }
             PendingReason::NoQuotaForModel { team, gpu_model } => write!(
                 f,
                 "team {team} has no quota for {gpu_model} GPUs (no {gpu_model} or any entry in its quotas)"

@@ -11,7 +11,15 @@ use crate::types::WorkloadSpec;
 /// replica, and no cluster Axle targets has more GPUs than this.
 pub const MAX_GANG_REPLICAS: u32 = 4096;
 
-pub(crate) fn validate(state: &Catalog, spec: &WorkloadSpec) -> Result<(), RequestError> {
+/// Checks `spec` against the catalog. `admission`: a new request, which must
+/// also fit the caps the cycle enforces (work that is never preempted fits
+/// in its team's guarantee); adopting a running workload skips that check,
+/// since a policy change must not throw out work that already runs.
+pub(crate) fn validate(
+    state: &Catalog,
+    spec: &WorkloadSpec,
+    admission: bool,
+) -> Result<(), RequestError> {
     let Some(&team) = state.team_index.get(&spec.team) else {
         return Err(RequestError::UnknownTeam {
             team: spec.team.clone(),
@@ -49,6 +57,8 @@ pub(crate) fn validate(state: &Catalog, spec: &WorkloadSpec) -> Result<(), Reque
         return Err(RequestError::NotWhole(g));
     }
     let team_info = &state.teams[team as usize];
+    let class = &state.classes[state.class_index[&spec.priority_class] as usize];
+    let within_guarantee = admission && state.guarantees_hard && !class.is_preemptible();
     // Models this request could use: the named one, or all.
     let models: Vec<u16> = match &spec.gpu_model {
         Some(m) => match state.model_index.get(m) {
@@ -69,7 +79,7 @@ pub(crate) fn validate(state: &Catalog, spec: &WorkloadSpec) -> Result<(), Reque
     let mut note = |e: RequestError| {
         let rank = |e: &RequestError| match e {
             RequestError::NeverFitsNode { .. } => 3,
-            RequestError::AboveLimit { .. } => 2,
+            RequestError::AboveLimit { .. } | RequestError::AboveGuarantee { .. } => 2,
             _ => 1,
         };
         if first_err.as_ref().is_none_or(|f| rank(&e) > rank(f)) {
@@ -84,13 +94,23 @@ pub(crate) fn validate(state: &Catalog, spec: &WorkloadSpec) -> Result<(), Reque
             });
             continue;
         };
-        let (class, _, limit) = &team_info.slots[slot as usize];
+        let (gpu_class, guaranteed, limit) = &team_info.slots[slot as usize];
         if spec.total_gpus() > *limit {
             note(RequestError::AboveLimit {
                 team: spec.team.clone(),
-                class: class.clone(),
+                class: gpu_class.clone(),
                 requested: spec.total_gpus(),
                 limit: *limit,
+            });
+            continue;
+        }
+        if within_guarantee && spec.total_gpus() > *guaranteed {
+            note(RequestError::AboveGuarantee {
+                team: spec.team.clone(),
+                class: gpu_class.clone(),
+                priority: spec.priority_class.clone(),
+                requested: spec.total_gpus(),
+                guaranteed: *guaranteed,
             });
             continue;
         }

@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use axle_policy::{MILLI_PER_GPU, Milli};
+use axle_policy::{CrossTeamPreemption, MILLI_PER_GPU, Milli};
 use axle_scheduler::{
     CycleOptions, Decisions, Inventory, Placement, PreemptReason, Preemption, State, WorkloadSpec,
     cycle,
@@ -157,7 +157,7 @@ fn inventory(case: &Case) -> Inventory {
 /// Guarantees per model split the model's capacity by share (with slack
 /// shares nobody gets), so they sum to at most the capacity; limits are the
 /// guarantee plus a random number of GPUs.
-fn policy(case: &Case, inv: &Inventory) -> Arc<axle_policy::Policy> {
+fn policy(case: &Case, inv: &Inventory, cross: CrossTeamPreemption) -> Arc<axle_policy::Policy> {
     let mut capacity = [0u64; 2];
     for c in &inv.clusters {
         for n in &c.nodes {
@@ -165,7 +165,7 @@ fn policy(case: &Case, inv: &Inventory) -> Arc<axle_policy::Policy> {
             capacity[m] += u64::from(n.gpu_count) * MILLI_PER_GPU;
         }
     }
-    let mut b = PolicyBuilder::new();
+    let mut b = PolicyBuilder::new().cross_team(cross);
     for (ti, t) in case.teams.iter().enumerate() {
         let mut per_model = Vec::new();
         for m in 0..2 {
@@ -239,9 +239,20 @@ fn check_cycle(inv: &Inventory, pre: &State, now_ms: u64, d: &Decisions) -> Resu
     Ok(())
 }
 
+/// Runs `case` under both cross-team preemption settings.
 fn run_case(case: &Case) -> Result<(u64, u64), String> {
+    let mut totals = (0, 0);
+    for cross in CrossTeamPreemption::ALL {
+        let (p, e) = run_case_with(case, cross).map_err(|e| format!("{}: {e}", cross.as_str()))?;
+        totals.0 += p;
+        totals.1 += e;
+    }
+    Ok(totals)
+}
+
+fn run_case_with(case: &Case, cross: CrossTeamPreemption) -> Result<(u64, u64), String> {
     let inv = inventory(case);
-    let policy = policy(case, &inv);
+    let policy = policy(case, &inv, cross);
     let mut state = State::new(policy, &inv);
     let mut next_id = 1;
     let (mut placed, mut preempted) = (0, 0);
@@ -396,6 +407,7 @@ fn checker_catches_preempted_production_and_bad_reclaim() {
                 guaranteed: Milli::gpus(1),
             },
             grace_period_s: 30,
+            lost_gpu_ms: 0,
         }],
         ..Decisions::default()
     };
@@ -437,6 +449,7 @@ fn checker_catches_reclaim_below_the_victims_guarantee() {
                 guaranteed: Milli::gpus(1),
             },
             grace_period_s: 30,
+            lost_gpu_ms: 0,
         }],
         ..Decisions::default()
     };

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axle_policy::{MILLI_PER_GPU, Milli, Policy, PriorityClass};
+use axle_policy::{CrossTeamPreemption, MILLI_PER_GPU, Milli, Policy, PriorityClass};
 use axle_scheduler::{
     Allocation, CycleOptions, Decisions, Inventory, PreemptReason, Shard, State, WorkloadId,
     WorkloadSpec, cycle,
@@ -26,6 +26,9 @@ struct Scenario {
     classes: Option<Vec<ClassDef>>,
     #[serde(default)]
     fraction_granularity: Option<f64>,
+    /// `borrowedOnly` (the default) or `any`.
+    #[serde(default)]
+    cross_team_preemption: Option<String>,
     teams: Vec<TeamDef>,
     clusters: Vec<ClusterDef>,
     #[serde(default)]
@@ -47,6 +50,10 @@ struct ClassDef {
     grace_period_s: u64,
     #[serde(default)]
     idle_only: bool,
+    #[serde(default)]
+    checkpointable: bool,
+    #[serde(default)]
+    checkpoint_interval_s: Option<u64>,
 }
 
 fn thirty() -> u64 {
@@ -115,6 +122,9 @@ struct WorkloadDef {
     spread: bool,
     #[serde(default)]
     submit_ms: u64,
+    /// Checkpoints every this many seconds (overrides the class).
+    #[serde(default)]
+    checkpoint_interval_s: Option<u64>,
     /// Running workloads: when they started, and where.
     #[serde(default)]
     start_ms: u64,
@@ -218,6 +228,11 @@ fn policy_of(sc: &Scenario) -> Result<Arc<Policy>, String> {
                         grace_period_s: c.grace_period_s,
                         idle_only: c.idle_only,
                         burst_allowed: !c.idle_only,
+                        checkpointable: c.checkpointable,
+                        checkpoint_interval_s: c
+                            .checkpoint_interval_s
+                            .unwrap_or(axle_policy::DEFAULT_CHECKPOINT_INTERVAL_S),
+                        checkpoint_signal: "SIGTERM".to_string(),
                     },
                 )
             })
@@ -226,6 +241,11 @@ fn policy_of(sc: &Scenario) -> Result<Arc<Policy>, String> {
     }
     if let Some(g) = sc.fraction_granularity {
         b = b.fraction_granularity(gpus(g));
+    }
+    match sc.cross_team_preemption.as_deref() {
+        None | Some("borrowedOnly") => {}
+        Some("any") => b = b.cross_team(CrossTeamPreemption::Any),
+        Some(other) => return Err(format!("unknown cross_team_preemption {other}")),
     }
     for t in &sc.teams {
         let quotas: Vec<(String, Milli, Milli)> = t
@@ -238,7 +258,7 @@ fn policy_of(sc: &Scenario) -> Result<Arc<Policy>, String> {
     Ok(b.build())
 }
 
-fn spec_of(id: WorkloadId, w: &WorkloadDef) -> WorkloadSpec {
+fn spec_of(policy: &Policy, id: WorkloadId, w: &WorkloadDef) -> WorkloadSpec {
     let mut s = wl(id, &w.team, &w.class)
         .gpus(w.gpus)
         .replicas(w.replicas)
@@ -246,6 +266,13 @@ fn spec_of(id: WorkloadId, w: &WorkloadDef) -> WorkloadSpec {
     s.gpu_model = w.model.clone();
     s.regions = w.regions.clone();
     s.allow_spread = w.spread;
+    s.checkpoint_interval_s = w.checkpoint_interval_s.or_else(|| {
+        policy
+            .priority_classes
+            .get(&w.class)
+            .filter(|c| c.checkpointable)
+            .map(|c| c.checkpoint_interval_s)
+    });
     s
 }
 
@@ -261,7 +288,8 @@ fn build(sc: &Scenario) -> Result<Built, String> {
         }
     }
     let inv = ib.build();
-    let mut state = State::new(policy_of(sc)?, &inv);
+    let policy = policy_of(sc)?;
+    let mut state = State::new(policy.clone(), &inv);
     let mut ids = BTreeMap::new();
     let mut names = BTreeMap::new();
     for (i, w) in sc.running.iter().chain(&sc.pending).enumerate() {
@@ -272,7 +300,7 @@ fn build(sc: &Scenario) -> Result<Built, String> {
         names.insert(id, w.name.clone());
     }
     for w in &sc.running {
-        let spec = spec_of(ids[&w.name], w);
+        let spec = spec_of(&policy, ids[&w.name], w);
         let cname = w
             .cluster
             .as_ref()
@@ -316,7 +344,7 @@ fn build(sc: &Scenario) -> Result<Built, String> {
         .map(|e| (e.workload.as_str(), e.error.as_str()))
         .collect();
     for w in &sc.pending {
-        let res = state.submit(spec_of(ids[&w.name], w));
+        let res = state.submit(spec_of(&policy, ids[&w.name], w));
         match (res, refused.get(w.name.as_str())) {
             (Ok(()), None) => {}
             (Err(e), Some(want)) if e.to_string().contains(want) => {}

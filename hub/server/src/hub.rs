@@ -489,6 +489,8 @@ fn spec_of(w: &WorkloadRecord) -> WorkloadSpec {
         allow_spread: w.allow_spread,
         burst_allowed: w.burst_allowed,
         submit_time_ms: w.submitted_at_ms,
+        checkpoint_interval_s: w.checkpoint_interval_s,
+        max_runtime_s: w.max_runtime_s,
     }
 }
 
@@ -814,6 +816,13 @@ impl Inner {
             .clone()
             .unwrap_or_else(|| self.policy.settings.default_priority_class.clone());
         let id = self.next_id;
+        let class = self.policy.priority_classes.get(&priority);
+        let checkpoint_interval_s = class
+            .filter(|c| c.checkpointable)
+            .map(|c| c.checkpoint_interval_s);
+        let checkpoint_signal = checkpoint_interval_s
+            .and(class)
+            .map(|c| c.checkpoint_signal.clone());
         let w = WorkloadRecord {
             v: RECORD_VERSION,
             id,
@@ -833,6 +842,8 @@ impl Inner {
             command: req.command.clone(),
             env: req.env.clone(),
             max_runtime_s: req.max_runtime_s.filter(|&s| s > 0),
+            checkpoint_interval_s,
+            checkpoint_signal,
             idempotency_key: req.idempotency_key.clone(),
             submitted_at_ms: now,
             state: WState::Pending,
@@ -855,7 +866,8 @@ impl Inner {
                 | R::BadFraction { .. }
                 | R::NotWhole(_)
                 | R::NeverFitsNode { .. }
-                | R::AboveLimit { .. } => Some("gpus"),
+                | R::AboveLimit { .. }
+                | R::AboveGuarantee { .. } => Some("gpus"),
                 R::ZeroReplicas | R::GangTooLarge { .. } => Some("gang"),
                 R::UnknownGpuModel { .. } | R::NoQuota { .. } => Some("gpu_model"),
                 _ => None,

@@ -85,6 +85,15 @@ pub struct WorkloadRecord {
     pub command: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub max_runtime_s: Option<u64>,
+    /// `Some(interval)`: the workload checkpoints every `interval` seconds
+    /// and resumes from `AXLE_CHECKPOINT_DIR` (resolved at submit from its
+    /// priority class and the request). Absent in records written before
+    /// checkpoints existed: not checkpointable.
+    #[serde(default)]
+    pub checkpoint_interval_s: Option<u64>,
+    /// Signal sent at preemption to a checkpointable workload.
+    #[serde(default)]
+    pub checkpoint_signal: Option<String>,
     pub idempotency_key: Option<String>,
     pub submitted_at_ms: u64,
     pub state: WState,

@@ -247,6 +247,12 @@ pub fn simulate(policy: &Policy, inventory: &Inventory, jobs: &[SimJob], mode: M
             allow_spread: j.allow_spread,
             burst_allowed: false,
             submit_time_ms: submit_ms,
+            checkpoint_interval_s: policy
+                .priority_classes
+                .get(&j.priority_class)
+                .filter(|c| c.checkpointable)
+                .map(|c| c.checkpoint_interval_s),
+            max_runtime_s: None,
         }));
     }
 

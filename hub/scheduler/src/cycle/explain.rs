@@ -2,6 +2,7 @@
 
 use axle_policy::{MILLI_PER_GPU, Milli};
 
+use super::quota::ModelChoice;
 use super::work::Work;
 use crate::types::{PendingReason, WorkloadSpec};
 
@@ -10,9 +11,11 @@ impl<'s> Work<'s> {
     pub(super) fn explain_capacity(
         &self,
         spec: &WorkloadSpec,
-        models: &[(u16, u16)],
+        choices: &[ModelChoice],
         idle_only: bool,
     ) -> PendingReason {
+        let models: Vec<(u16, u16)> = choices.iter().map(|c| (c.model, c.slot)).collect();
+        let models = models.as_slice();
         let single = spec.replicas == 1 && !spec.allow_spread;
         let g = spec.gpus_per_replica;
         let model_names: Vec<&str> = models

@@ -15,6 +15,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use axle_policy::Milli;
+
 use crate::state::{GpuFree, QueueKey, State};
 use crate::types::{Decisions, PendingReason, Preemption, WorkloadId, WorkloadSpec};
 
@@ -75,7 +77,7 @@ type LevelQueue<'a> = (&'a QueueKey, &'a BTreeSet<(u64, WorkloadId)>);
 
 /// Runs one cycle over `state` at time `now_ms`.
 pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
-    let mut w = Work::new(state, opts.explain);
+    let mut w = Work::new(state, opts.explain, now_ms);
     let mut out = Decisions::default();
     let mut failed: BTreeMap<ShapeKey<'_>, PendingReason> = BTreeMap::new();
     let mut searches_left = opts.max_preemption_searches;
@@ -187,54 +189,54 @@ impl<'s> Work<'s> {
                 return Err(PendingReason::NotEvaluated);
             }
         }
-        let models = match self.allowed_models(spec, team) {
+        let choices = match self.allowed_models(spec, team, class) {
             Ok(m) => m,
             Err(r) => {
                 failed.insert(key, r.clone());
                 return Err(r);
             }
         };
-        for &(m, slot) in &models {
-            if let Some(plan) = self.find(spec, m, None) {
-                self.commit(spec, team, slot, plan, Vec::new(), out);
+        for c in choices.iter().filter(|c| c.deficit == Milli::ZERO) {
+            if let Some(plan) = self.find(spec, c.model, None) {
+                self.commit(spec, team, c.slot, plan, Vec::new(), out);
                 return Ok(());
             }
         }
         let class_info = &state.cat.classes[class as usize];
-        let mut reason = self.explain_capacity(spec, &models, class_info.idle_only);
+        let mut reason = self.explain_capacity(spec, &choices, class_info.idle_only);
         if !class_info.idle_only && !matches!(reason, PendingReason::NeverFits { .. }) {
             if *searches_left == 0 {
                 reason = PendingReason::PreemptionDeferred;
             } else {
                 *searches_left -= 1;
-                if let Some((m, slot, cluster, victims)) =
-                    self.find_victims(spec, team, class, &models)
-                {
+                if let Some(plan) = self.find_victims(spec, team, class, &choices) {
                     // Victims hold their GPUs until they stop (grace period);
                     // only this workload waits for them, so after it is
                     // placed whatever it left of their GPUs is not free for
                     // anyone else this cycle.
-                    let held: Vec<(u32, GpuFree)> = victims
+                    let held: Vec<(u32, GpuFree)> = plan
+                        .victims
                         .iter()
-                        .flat_map(|(v, _)| state.running[v].gpus.iter())
+                        .flat_map(|v| state.running[&v.id].gpus.iter())
                         .map(|&(g, _)| (g, self.gpu_free[g as usize]))
                         .collect();
-                    let mut ids = Vec::with_capacity(victims.len());
-                    for (v, why) in victims {
-                        self.evict(v);
+                    let mut ids = Vec::with_capacity(plan.victims.len());
+                    for v in plan.victims {
+                        self.evict(v.id);
                         let grace =
-                            state.cat.classes[state.running[&v].class as usize].grace_period_s;
+                            state.cat.classes[state.running[&v.id].class as usize].grace_period_s;
                         out.preemptions.push(Preemption {
-                            workload: v,
+                            workload: v.id,
                             for_workload: spec.id,
-                            reason: why,
+                            reason: v.why,
                             grace_period_s: grace,
+                            lost_gpu_ms: u64::try_from(v.lost / 1000).unwrap_or(u64::MAX),
                         });
-                        ids.push(v);
+                        ids.push(v.id);
                     }
-                    let placed = match self.find(spec, m, Some(cluster)) {
-                        Some(plan) => {
-                            self.commit(spec, team, slot, plan, ids, out);
+                    let placed = match self.find(spec, plan.choice.model, Some(plan.cluster)) {
+                        Some(plan_) => {
+                            self.commit(spec, team, plan.choice.slot, plan_, ids, out);
                             true
                         }
                         // Unreachable when find_victims and find agree; the victims

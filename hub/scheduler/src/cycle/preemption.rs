@@ -1,16 +1,81 @@
 //! Preemption: the cheapest set of running workloads whose eviction lets a
-//! request fit, under the rules of DESIGN.md invariant 3.
+//! request fit, under the rules of DESIGN.md invariant 3:
+//!
+//! - a class with an empty `preemptibleBy` (production) is never preempted;
+//! - within a team, higher priority preempts lower priority as the victim
+//!   class's `preemptibleBy` allows, also to make room under the team's own
+//!   limit;
+//! - across teams (`crossTeamPreemption: borrowedOnly`, the default), only
+//!   capacity the victim's team borrows is taken: it runs above its
+//!   guarantee in that quota class and stays at or above it after the
+//!   eviction. Either by priority, or to give the preemptor's team back its
+//!   own guarantee (reclaim, whatever the victim's priority). With `any`,
+//!   priority may take any team's work; reclaim still takes only borrowers;
+//! - borrowers go first, then the lowest priority, then the victim that
+//!   loses the least work (a checkpointable workload loses only what it did
+//!   since its last checkpoint), then the most recently started.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use axle_policy::Milli;
 
-use super::MAX_RECLAIM_RETRIES;
-use super::MAX_VICTIMS_PER_PREEMPTION;
+use super::quota::ModelChoice;
 use super::work::Work;
-use crate::state::GpuFree;
+use super::{MAX_RECLAIM_RETRIES, MAX_VICTIMS_PER_PREEMPTION};
+use crate::state::{GpuFree, RunningWorkload};
 use crate::types::{PreemptReason, WorkloadId, WorkloadSpec};
+
+/// After the first scope (a node, or a cluster for gangs and spread work)
+/// where a victim set exists, this many more scopes with candidates are
+/// compared for a cheaper set. A scope costs a few microseconds (its
+/// workloads ranked, one fit check per victim); 16 keeps the worst search
+/// near 50 µs on the largest fleet planned for (8,000 nodes) while still
+/// comparing victims across many nodes. A search that finds nothing scans
+/// every scope, so a request that can make room always does.
+pub const MAX_EXTRA_SCOPES_PER_SEARCH: usize = 16;
+
+/// One chosen victim: why it may be preempted and the work it loses
+/// (milli-GPU·ms).
+#[derive(Debug, Clone)]
+pub(super) struct Victim {
+    pub id: WorkloadId,
+    pub why: PreemptReason,
+    pub lost: u128,
+    /// Holds GPUs of the scope (else it only frees its team's quota).
+    pub in_scope: bool,
+}
+
+/// A victim set that lets the request fit in one cluster.
+#[derive(Debug, Clone)]
+pub(super) struct VictimPlan {
+    pub choice: ModelChoice,
+    pub cluster: u32,
+    pub victims: Vec<Victim>,
+}
+
+/// A candidate's rank, cheapest first: borrowers before workloads within
+/// their team's guarantee, lowest priority, least work lost, most recently
+/// started, highest id.
+type Rank = (bool, i32, u128, Reverse<u64>, Reverse<WorkloadId>);
+
+/// A victim set's cost, cheapest first: fewest victims within their team's
+/// guarantee, lowest highest priority, least work lost, fewest victims,
+/// fewest GPUs.
+type Cost = (usize, i32, u128, usize, u64);
+
+#[derive(Debug, Clone, Copy)]
+struct Cand {
+    rank: Rank,
+    id: WorkloadId,
+    /// On the scope's GPUs (else only useful to free the team's own quota).
+    in_scope: bool,
+    by_priority: bool,
+}
+
+/// Free GPUs after evicting chosen victims: an overlay on the cycle's free
+/// array, so a scope costs what it touches.
+type Overlay = BTreeMap<u32, GpuFree>;
 
 impl<'s> Work<'s> {
     /// Could a workload of this team and class make room by preempting?
@@ -19,9 +84,13 @@ impl<'s> Work<'s> {
         if c.idle_only {
             return false;
         }
-        let by_priority = self.s.cat.classes.iter().enumerate().any(|(v, vc)| {
-            (vc.preemptible_by >> (class % 64)) & 1 == 1 && self.s.running_per_class[v] > 0
-        });
+        let by_priority = self
+            .s
+            .cat
+            .classes
+            .iter()
+            .enumerate()
+            .any(|(v, vc)| vc.preemptible_by(class) && self.s.running_per_class[v] > 0);
         if by_priority {
             return true;
         }
@@ -33,36 +102,69 @@ impl<'s> Work<'s> {
             .any(|(i, (_, g, _))| usage[i] < *g)
     }
 
-    /// The cheapest set of running workloads whose eviction lets `spec` fit:
-    /// never unpreemptible classes (production); only classes this one may
-    /// preempt, except to reclaim this team's guarantee from borrowers;
-    /// borrowers above their guarantee first; then lowest priority; most
-    /// recently started first among equals. Returns (model, slot, cluster, victims).
-    #[allow(clippy::type_complexity)]
+    /// May `r` be preempted for a request of `team` and `class`, before
+    /// counting what else is taken from its team? `Some(by_priority)`.
+    fn eligible(&self, team: u32, class: u16, reclaim: bool, r: &RunningWorkload) -> Option<bool> {
+        let vc = &self.s.cat.classes[r.class as usize];
+        if !vc.is_preemptible() {
+            return None; // production is never preempted
+        }
+        let by_priority = vc.preemptible_by(class);
+        if r.team == team {
+            return by_priority.then_some(true);
+        }
+        if by_priority && !self.s.cat.guarantees_hard {
+            return Some(true);
+        }
+        let borrower = self.is_borrower(r.team, r.slot, Milli::ZERO);
+        (borrower && (by_priority || reclaim)).then_some(by_priority)
+    }
+
+    fn rank(&self, r: &RunningWorkload) -> Rank {
+        (
+            !self.is_borrower(r.team, r.slot, Milli::ZERO),
+            self.s.cat.classes[r.class as usize].value,
+            r.spec.lost_work_milli_ms(r.start_time_ms, self.now_ms),
+            Reverse(r.start_time_ms),
+            Reverse(r.spec.id),
+        )
+    }
+
+    /// The cheapest set of running workloads whose eviction lets `spec` fit
+    /// (see the module doc for the rules and the order).
     pub(super) fn find_victims(
         &self,
         spec: &WorkloadSpec,
         team: u32,
         class: u16,
-        models: &[(u16, u16)],
-    ) -> Option<(u16, u16, u32, Vec<(WorkloadId, PreemptReason)>)> {
+        choices: &[ModelChoice],
+    ) -> Option<VictimPlan> {
         let single = spec.replicas == 1 && !spec.allow_spread;
-        // (cost, model, slot, cluster, victims)
-        type Best = (
-            (usize, i32, usize, u64),
-            u16,
-            u16,
-            u32,
-            Vec<(WorkloadId, PreemptReason)>,
-        );
-        let mut best: Option<Best> = None;
-        'models: for &(m, slot) in models {
-            let info = &self.s.cat.teams[team as usize];
-            let (qclass, guaranteed, _) = &info.slots[slot as usize];
+        let mut best: Option<(Cost, VictimPlan)> = None;
+        'models: for &choice in choices {
+            let m = choice.model;
+            let slot = choice.slot;
+            let guaranteed = self.s.cat.teams[team as usize].slots[slot as usize].1;
             let reclaim =
-                self.usage[team as usize][slot as usize] + spec.total_gpus() <= *guaranteed;
+                self.usage[team as usize][slot as usize] + spec.total_gpus() <= guaranteed;
+            // The team's own work that may free its quota from anywhere.
+            let own: Vec<Cand> = if choice.deficit > Milli::ZERO {
+                self.s.team_running[team as usize]
+                    .iter()
+                    .filter(|v| !self.preempted.contains(v))
+                    .map(|v| &self.s.running[v])
+                    .filter(|r| r.slot == slot && self.eligible(team, class, reclaim, r).is_some())
+                    .map(|r| Cand {
+                        rank: self.rank(r),
+                        id: r.spec.id,
+                        in_scope: false,
+                        by_priority: true,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             // Scopes: single nodes, or whole clusters for gangs and spread work.
-            // Built lazily: the scan often stops at the first ideal scope.
             let scopes: Box<dyn Iterator<Item = (u32, Vec<u32>)> + '_> = if single {
                 Box::new(
                     self.s
@@ -87,9 +189,12 @@ impl<'s> Work<'s> {
                         }),
                 )
             };
+            let mut extra_left: Option<usize> = None;
             for (cluster, nodes) in scopes {
-                // Candidate victims in this scope, cheapest first.
-                let mut cands: Vec<(bool, i32, Reverse<u64>, Reverse<WorkloadId>)> = Vec::new();
+                if extra_left == Some(0) {
+                    break 'models;
+                }
+                let mut cands: Vec<Cand> = Vec::new();
                 let mut seen = BTreeSet::new();
                 for &n in &nodes {
                     for &v in &self.s.node_running[n as usize] {
@@ -97,140 +202,223 @@ impl<'s> Work<'s> {
                             continue;
                         }
                         let r = &self.s.running[&v];
-                        let vc = &self.s.cat.classes[r.class as usize];
-                        if !vc.is_preemptible() {
-                            continue; // production is never preempted
-                        }
-                        let by_priority = (vc.preemptible_by >> (class % 64)) & 1 == 1;
-                        let borrower = self.is_borrower(r.team, r.slot, Milli::ZERO);
-                        let by_reclaim = reclaim && r.team != team && borrower;
-                        if by_priority || by_reclaim {
-                            cands.push((!borrower, vc.value, Reverse(r.start_time_ms), Reverse(v)));
+                        if let Some(by_priority) = self.eligible(team, class, reclaim, r) {
+                            cands.push(Cand {
+                                rank: self.rank(r),
+                                id: v,
+                                in_scope: true,
+                                by_priority,
+                            });
                         }
                     }
                 }
-                if cands.is_empty() {
+                if cands.is_empty() && own.is_empty() {
                     continue;
                 }
-                cands.sort_unstable();
-                // Greedy in cost order over `order`. Returns the free overlay
-                // and victims once the request fits, and the victims refused
-                // because their team would drop below its guarantee.
-                #[allow(clippy::type_complexity)]
-                let pick = |order: &[WorkloadId]| -> (
-                    Option<(BTreeMap<u32, GpuFree>, Vec<(WorkloadId, PreemptReason)>)>,
-                    Vec<WorkloadId>,
-                ) {
-                    // Free GPUs after evicting the chosen victims: an overlay on
-                    // the cycle's free array, so a scope costs what it touches.
-                    let mut free: BTreeMap<u32, GpuFree> = BTreeMap::new();
-                    let mut chosen: Vec<(WorkloadId, PreemptReason)> = Vec::new();
-                    let mut removed: BTreeMap<(u32, u16), Milli> = BTreeMap::new();
-                    let mut refused = Vec::new();
-                    for &v in order {
-                        if chosen.len() >= MAX_VICTIMS_PER_PREEMPTION {
-                            break;
-                        }
-                        let r = &self.s.running[&v];
-                        let vc = &self.s.cat.classes[r.class as usize];
-                        let by_priority = (vc.preemptible_by >> (class % 64)) & 1 == 1;
-                        let already = removed.get(&(r.team, r.slot)).copied().unwrap_or_default();
-                        // A reclaim never takes a borrower below its own guarantee.
-                        let reclaim_ok = reclaim
-                            && r.team != team
-                            && self.is_borrower(r.team, r.slot, already + r.spec.total_gpus());
-                        let why = if by_priority {
-                            PreemptReason::Priority {
-                                victim_class: vc.name.clone(),
-                                preemptor_class: self.s.cat.classes[class as usize].name.clone(),
-                            }
-                        } else if reclaim_ok {
-                            PreemptReason::QuotaReclaim {
-                                victim_team: self.s.cat.teams[r.team as usize].name.clone(),
-                                preemptor_team: info.name.clone(),
-                                gpu_class: qclass.clone(),
-                                guaranteed: *guaranteed,
-                            }
-                        } else {
-                            refused.push(v);
-                            continue;
-                        };
-                        for &(g, mm) in &r.gpus {
-                            *free.entry(g).or_insert(self.gpu_free[g as usize]) += mm;
-                        }
-                        *removed.entry((r.team, r.slot)).or_default() += r.spec.total_gpus();
-                        chosen.push((v, why));
-                        if self.fits_in(spec, m, cluster, &nodes, &free) {
-                            return (Some((free, chosen)), refused);
-                        }
+                cands.extend(own.iter().filter(|c| !seen.contains(&c.id)).copied());
+                cands.sort_unstable_by_key(|c| c.rank);
+                let Some(victims) =
+                    self.pick_in_scope(spec, team, class, choice, cluster, &nodes, &cands)
+                else {
+                    if let Some(e) = extra_left.as_mut() {
+                        *e -= 1;
                     }
-                    (None, refused)
-                };
-                let order: Vec<WorkloadId> = cands.iter().map(|c| c.3.0).collect();
-                let (mut found, refused) = pick(&order);
-                // Cheaper picks of a team may free nothing this request can
-                // use and still spend that team's room above its guarantee,
-                // so a victim that would help is refused: retry with it first.
-                for &first in refused.iter().take(MAX_RECLAIM_RETRIES) {
-                    if found.is_some() {
-                        break;
-                    }
-                    let mut o = Vec::with_capacity(order.len());
-                    o.push(first);
-                    o.extend(order.iter().copied().filter(|&v| v != first));
-                    found = pick(&o).0;
-                }
-                let Some((mut free, mut chosen)) = found else {
                     continue;
                 };
-                // Drop victims that turned out unnecessary, newest choice last.
-                let mut i = chosen.len();
-                while i > 0 {
-                    i -= 1;
-                    let v = chosen[i].0;
-                    let r = &self.s.running[&v];
-                    for &(g, mm) in &r.gpus {
-                        *free.entry(g).or_insert(self.gpu_free[g as usize]) -= mm;
-                    }
-                    if self.fits_in(spec, m, cluster, &nodes, &free) {
-                        chosen.remove(i);
-                    } else {
-                        for &(g, mm) in &r.gpus {
-                            *free.entry(g).or_insert(self.gpu_free[g as usize]) += mm;
-                        }
-                    }
-                }
-                let non_borrowers = chosen
-                    .iter()
-                    .filter(|(v, _)| {
-                        let r = &self.s.running[v];
-                        !self.is_borrower(r.team, r.slot, Milli::ZERO)
-                    })
-                    .count();
-                let max_prio = chosen
-                    .iter()
-                    .map(|(v, _)| self.s.cat.classes[self.s.running[v].class as usize].value)
-                    .max()
-                    .unwrap_or(i32::MIN);
-                let gpus: u64 = chosen
-                    .iter()
-                    .map(|(v, _)| self.s.running[v].spec.total_gpus().0)
-                    .sum();
-                let cost = (non_borrowers, max_prio, chosen.len(), gpus);
-                // Nothing is cheaper than one borrower of the lowest class
-                // holding exactly what is needed: stop scanning.
-                let ideal = (non_borrowers == 0 || !self.borrowers_exist)
-                    && chosen.len() == 1
-                    && max_prio == self.lowest_class_value
-                    && gpus == spec.total_gpus().0;
+                let cost = self.cost(&victims);
+                let ideal = (cost.0 == 0 || !self.borrowers_exist)
+                    && cost.3 == 1
+                    && cost.1 == self.lowest_class_value
+                    && cost.2 == 0
+                    && cost.4 == spec.total_gpus().0;
                 if best.as_ref().is_none_or(|b| cost < b.0) {
-                    best = Some((cost, m, slot, cluster, chosen));
+                    best = Some((
+                        cost,
+                        VictimPlan {
+                            choice,
+                            cluster,
+                            victims,
+                        },
+                    ));
                 }
                 if ideal {
                     break 'models;
                 }
+                extra_left = Some(match extra_left {
+                    None => MAX_EXTRA_SCOPES_PER_SEARCH,
+                    Some(e) => e - 1,
+                });
             }
         }
-        best.map(|(_, m, slot, c, v)| (m, slot, c, v))
+        best.map(|(_, plan)| plan)
+    }
+
+    fn cost(&self, victims: &[Victim]) -> Cost {
+        let mut non_borrowers = 0;
+        let mut max_prio = i32::MIN;
+        let mut lost = 0u128;
+        let mut gpus = 0u64;
+        for v in victims {
+            let r = &self.s.running[&v.id];
+            if !self.is_borrower(r.team, r.slot, Milli::ZERO) {
+                non_borrowers += 1;
+            }
+            max_prio = max_prio.max(self.s.cat.classes[r.class as usize].value);
+            lost += v.lost;
+            gpus += r.spec.total_gpus().0;
+        }
+        (non_borrowers, max_prio, lost, victims.len(), gpus)
+    }
+
+    /// Victims in one scope (candidates ranked cheapest first), or None.
+    #[allow(clippy::too_many_arguments)]
+    fn pick_in_scope(
+        &self,
+        spec: &WorkloadSpec,
+        team: u32,
+        class: u16,
+        choice: ModelChoice,
+        cluster: u32,
+        nodes: &[u32],
+        cands: &[Cand],
+    ) -> Option<Vec<Victim>> {
+        let order: Vec<usize> = (0..cands.len()).collect();
+        let (mut found, refused) =
+            self.pick(spec, team, class, choice, cluster, nodes, cands, &order);
+        // Cheaper picks of a team may free nothing this request can use and
+        // still spend that team's room above its guarantee, so a victim that
+        // would help is refused: retry with it first.
+        for &first in refused.iter().take(MAX_RECLAIM_RETRIES) {
+            if found.is_some() {
+                break;
+            }
+            let mut o = Vec::with_capacity(order.len());
+            o.push(first);
+            o.extend(order.iter().copied().filter(|&i| i != first));
+            found = self
+                .pick(spec, team, class, choice, cluster, nodes, cands, &o)
+                .0;
+        }
+        let (mut free, mut chosen, mut freed_own) = found?;
+        // Drop victims that turned out unnecessary, newest choice last.
+        let mut i = chosen.len();
+        while i > 0 {
+            i -= 1;
+            let r = &self.s.running[&chosen[i].id];
+            let own = r.team == team && r.slot == choice.slot;
+            let own_after = if own {
+                freed_own.saturating_sub(r.spec.total_gpus())
+            } else {
+                freed_own
+            };
+            if own_after < choice.deficit {
+                continue;
+            }
+            if !chosen[i].in_scope {
+                // Frees no GPU here and is not needed for the quota.
+                chosen.remove(i);
+                freed_own = own_after;
+                continue;
+            }
+            for &(g, mm) in &r.gpus {
+                *free.entry(g).or_insert(self.gpu_free[g as usize]) -= mm;
+            }
+            if self.fits_in(spec, choice.model, cluster, nodes, &free) {
+                chosen.remove(i);
+                freed_own = own_after;
+            } else {
+                for &(g, mm) in &r.gpus {
+                    *free.entry(g).or_insert(self.gpu_free[g as usize]) += mm;
+                }
+            }
+        }
+        Some(chosen)
+    }
+
+    /// Greedy in rank order over `order` (indices into `cands`). Returns the
+    /// free overlay, the victims and the GPUs freed from the team's own
+    /// quota once the request fits, and the candidates refused because
+    /// their team would drop below its guarantee.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn pick(
+        &self,
+        spec: &WorkloadSpec,
+        team: u32,
+        class: u16,
+        choice: ModelChoice,
+        cluster: u32,
+        nodes: &[u32],
+        cands: &[Cand],
+        order: &[usize],
+    ) -> (Option<(Overlay, Vec<Victim>, Milli)>, Vec<usize>) {
+        let info = &self.s.cat.teams[team as usize];
+        let (qclass, guaranteed, _) = &info.slots[choice.slot as usize];
+        let mut free: Overlay = BTreeMap::new();
+        let mut chosen: Vec<Victim> = Vec::new();
+        let mut removed: BTreeMap<(u32, u16), Milli> = BTreeMap::new();
+        let mut refused = Vec::new();
+        let mut freed_own = Milli::ZERO;
+        let mut fits =
+            choice.deficit > Milli::ZERO && self.fits_in(spec, choice.model, cluster, nodes, &free);
+        for &ci in order {
+            if chosen.len() >= MAX_VICTIMS_PER_PREEMPTION {
+                break;
+            }
+            let c = cands[ci];
+            let r = &self.s.running[&c.id];
+            let own = r.team == team && r.slot == choice.slot;
+            let deficit_left = choice.deficit.saturating_sub(freed_own);
+            // Once the request fits, only the team's own work still helps.
+            if (fits || !c.in_scope) && !(own && deficit_left > Milli::ZERO) {
+                continue;
+            }
+            let vc = &self.s.cat.classes[r.class as usize];
+            if r.team != team && (self.s.cat.guarantees_hard || !c.by_priority) {
+                // Across teams only borrowed capacity: the victim's team stays
+                // at or above its guarantee after everything taken from it.
+                let already = removed.get(&(r.team, r.slot)).copied().unwrap_or_default();
+                if !self.is_borrower(r.team, r.slot, already + r.spec.total_gpus()) {
+                    refused.push(ci);
+                    continue;
+                }
+            }
+            let why = if c.by_priority {
+                PreemptReason::Priority {
+                    victim_class: vc.name.clone(),
+                    preemptor_class: self.s.cat.classes[class as usize].name.clone(),
+                    victim_team: self.s.cat.teams[r.team as usize].name.clone(),
+                    preemptor_team: info.name.clone(),
+                }
+            } else {
+                PreemptReason::QuotaReclaim {
+                    victim_team: self.s.cat.teams[r.team as usize].name.clone(),
+                    preemptor_team: info.name.clone(),
+                    gpu_class: qclass.clone(),
+                    guaranteed: *guaranteed,
+                }
+            };
+            if c.in_scope {
+                for &(g, mm) in &r.gpus {
+                    *free.entry(g).or_insert(self.gpu_free[g as usize]) += mm;
+                }
+            }
+            *removed.entry((r.team, r.slot)).or_default() += r.spec.total_gpus();
+            if own {
+                freed_own += r.spec.total_gpus();
+            }
+            chosen.push(Victim {
+                id: c.id,
+                why,
+                lost: c.rank.2,
+                in_scope: c.in_scope,
+            });
+            if c.in_scope {
+                fits = self.fits_in(spec, choice.model, cluster, nodes, &free);
+            }
+            if fits && freed_own >= choice.deficit {
+                return (Some((free, chosen, freed_own)), refused);
+            }
+        }
+        (None, refused)
     }
 }

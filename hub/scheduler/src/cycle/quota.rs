@@ -1,19 +1,60 @@
 //! Quota checks of a cycle: which GPU models a request may use under its
-//! team's limits, and whether a team runs above its guarantee.
+//! team's limits, how much of its own team's lower-priority work must make
+//! room first, and whether a team runs above its guarantee.
 
 use axle_policy::Milli;
 
 use super::work::Work;
 use crate::types::{PendingReason, WorkloadSpec};
 
+/// A GPU model a request may use, the quota slot of its team it is charged
+/// to, and how much of the team's own work in that slot must stop before it
+/// fits the team's cap (its limit, or its guarantee for work that is never
+/// preempted). A `deficit` above zero is only offered when the team's own
+/// work that this class may preempt covers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ModelChoice {
+    pub model: u16,
+    pub slot: u16,
+    pub deficit: Milli,
+}
+
 impl<'s> Work<'s> {
-    /// Models this request may use, each with the quota slot it is charged to.
-    /// Err: the reason none is allowed.
+    /// The most a workload of `class` may take `team` to on `slot`: its
+    /// limit; for a class that is never preempted under `borrowedOnly`, its
+    /// guarantee, since borrowed capacity must be returnable.
+    pub(super) fn cap_of(&self, team: u32, slot: u16, class: u16) -> Milli {
+        let (_, guaranteed, limit) = self.s.cat.teams[team as usize].slots[slot as usize];
+        if self.s.cat.guarantees_hard && !self.s.cat.classes[class as usize].is_preemptible() {
+            guaranteed.min(limit)
+        } else {
+            limit
+        }
+    }
+
+    /// GPUs of `team`'s running work on `slot` that `class` may preempt by
+    /// priority (and that this cycle has not preempted yet).
+    pub(super) fn own_preemptible(&self, team: u32, slot: u16, class: u16) -> Milli {
+        self.s.team_running[team as usize]
+            .iter()
+            .filter(|id| !self.preempted.contains(id))
+            .map(|id| &self.s.running[id])
+            .filter(|r| {
+                r.slot == slot && self.s.cat.classes[r.class as usize].preemptible_by(class)
+            })
+            .map(|r| r.spec.total_gpus())
+            .sum()
+    }
+
+    /// Models this request may use, each with the quota slot it is charged
+    /// to and the deficit its own team's work must free. Err: the reason
+    /// none is allowed.
     pub(super) fn allowed_models(
         &self,
         spec: &WorkloadSpec,
         team: u32,
-    ) -> Result<Vec<(u16, u16)>, PendingReason> {
+        class: u16,
+    ) -> Result<Vec<ModelChoice>, PendingReason> {
         let info = &self.s.cat.teams[team as usize];
         let candidates: Vec<u16> = match &spec.gpu_model {
             Some(m) => match self.s.cat.model_index.get(m) {
@@ -27,25 +68,48 @@ impl<'s> Work<'s> {
             },
             None => (0..self.s.cat.models.len() as u16).collect(),
         };
+        let idle_only = self.s.cat.classes[class as usize].idle_only;
         let mut out = Vec::new();
         let mut limit_reason = None;
         for m in candidates {
             let Some(slot) = info.charge[m as usize] else {
                 continue;
             };
-            let (class, _, limit) = &info.slots[slot as usize];
+            let (gpu_class, guaranteed, limit) = &info.slots[slot as usize];
             let used = self.usage[team as usize][slot as usize];
-            if used + spec.total_gpus() > *limit {
-                limit_reason.get_or_insert(PendingReason::TeamAtLimit {
-                    team: info.name.clone(),
-                    gpu_class: class.clone(),
-                    limit: *limit,
-                    used,
-                    requested: spec.total_gpus(),
+            let cap = self.cap_of(team, slot, class);
+            let need = used + spec.total_gpus();
+            if need <= cap {
+                out.push(ModelChoice {
+                    model: m,
+                    slot,
+                    deficit: Milli::ZERO,
                 });
                 continue;
             }
-            out.push((m, slot));
+            let deficit = need.saturating_sub(cap);
+            let own = if idle_only {
+                Milli::ZERO
+            } else {
+                self.own_preemptible(team, slot, class)
+            };
+            if own >= deficit {
+                out.push(ModelChoice {
+                    model: m,
+                    slot,
+                    deficit,
+                });
+                continue;
+            }
+            limit_reason.get_or_insert(PendingReason::TeamAtLimit {
+                team: info.name.clone(),
+                gpu_class: gpu_class.clone(),
+                limit: cap,
+                used,
+                requested: spec.total_gpus(),
+                within_guarantee_only: cap < *limit && cap == *guaranteed,
+                own_preemptible: own,
+            });
         }
         if out.is_empty() {
             return Err(

@@ -30,10 +30,12 @@ pub(super) struct Work<'s> {
     /// Does any team run above its guarantee (at cycle start)?
     pub(super) borrowers_exist: bool,
     pub(super) explain: bool,
+    /// The cycle's clock, for the work a preemption would lose.
+    pub(super) now_ms: u64,
 }
 
 impl<'s> Work<'s> {
-    pub(super) fn new(s: &'s State, explain: bool) -> Work<'s> {
+    pub(super) fn new(s: &'s State, explain: bool, now_ms: u64) -> Work<'s> {
         let models = s.cat.models.len();
         let mut w = Work {
             s,
@@ -47,6 +49,7 @@ impl<'s> Work<'s> {
             preempted: BTreeSet::new(),
             lowest_class_value: s.cat.classes.iter().map(|c| c.value).min().unwrap_or(0),
             explain,
+            now_ms,
             borrowers_exist: s.cat.teams.iter().enumerate().any(|(t, info)| {
                 info.slots
                     .iter()

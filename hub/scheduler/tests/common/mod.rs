@@ -7,7 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use axle_policy::{MILLI_PER_GPU, Milli, Policy, PriorityClass, Quota, Settings, Team, TeamBurst};
+use axle_policy::{
+    CrossTeamPreemption, MILLI_PER_GPU, Milli, Policy, PriorityClass, Quota, Settings, Team,
+    TeamBurst,
+};
 use axle_scheduler::{
     Allocation, ClusterInventory, Decisions, Inventory, NodeInventory, PreemptReason, Shard, State,
     WorkloadId, WorkloadSpec,
@@ -42,6 +45,9 @@ pub fn class(
             grace_period_s: 30,
             idle_only,
             burst_allowed: !idle_only,
+            checkpointable: false,
+            checkpoint_interval_s: axle_policy::DEFAULT_CHECKPOINT_INTERVAL_S,
+            checkpoint_signal: "SIGTERM".to_string(),
         },
     )
 }
@@ -136,6 +142,11 @@ impl PolicyBuilder {
         self
     }
 
+    pub fn cross_team(mut self, c: CrossTeamPreemption) -> PolicyBuilder {
+        self.settings.cross_team_preemption = c;
+        self
+    }
+
     pub fn fraction_granularity(mut self, g: Milli) -> PolicyBuilder {
         self.settings.fraction_granularity = g;
         self
@@ -220,6 +231,8 @@ pub fn wl(id: WorkloadId, team: &str, class: &str) -> WorkloadSpec {
         regions: Vec::new(),
         allow_spread: false,
         burst_allowed: false,
+        checkpoint_interval_s: None,
+        max_runtime_s: None,
         submit_time_ms: 0,
     }
 }
@@ -628,6 +641,7 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
     }
 
     // Replay usage in decision order: reasons, guarantees and limits.
+    let hard = policy.settings.cross_team_preemption == CrossTeamPreemption::BorrowedOnly;
     let mut usage: BTreeMap<(String, String), Milli> = BTreeMap::new();
     for tu in pre.team_usage() {
         for cu in tu.classes {
@@ -655,9 +669,13 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
                 PreemptReason::Priority {
                     victim_class,
                     preemptor_class,
+                    victim_team,
+                    preemptor_team,
                 } => {
                     if *victim_class != v.spec.priority_class
                         || *preemptor_class != spec.priority_class
+                        || *victim_team != v.spec.team
+                        || *preemptor_team != spec.team
                     {
                         return Err(format!(
                             "preemption of {}: wrong classes in {:?}",
@@ -669,6 +687,13 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
                         return Err(format!(
                             "{} preempted {} by priority, but {victim_class} is not preemptible by {preemptor_class}",
                             spec.id, v.spec.id
+                        ));
+                    }
+                    // Invariant 3: across teams, only borrowed capacity.
+                    if hard && v.spec.team != spec.team && vu < vg {
+                        return Err(format!(
+                            "{} of team {} preempted {} by priority and took team {} below its guarantee {vg} {vq} (now {vu})",
+                            spec.id, spec.team, v.spec.id, v.spec.team
                         ));
                     }
                 }
@@ -706,6 +731,13 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
         }
         let u = usage.entry((spec.team.clone(), q.clone())).or_default();
         *u += spec.total_gpus();
+        let pc = &policy.priority_classes[&spec.priority_class];
+        if hard && pc.preemptible_by.is_empty() && *u > g {
+            return Err(format!(
+                "placing never-preempted {} takes team {} to {} {q}, above its guarantee {g}",
+                spec.id, spec.team, *u
+            ));
+        }
         if *u > limit {
             return Err(format!(
                 "placing {} takes team {} to {} {q}, above its limit {limit}",
@@ -723,11 +755,15 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
 }
 
 /// Invariant 2, checked precisely for what one cycle must achieve: every
-/// pending request of at most one GPU on one replica that could have been
-/// placed on free GPUs, or on GPUs freed by preempting workloads it may
-/// preempt (lower priority that lists its class, or — while its team stays
-/// within the guarantee — another team's preemptible work that keeps that team
-/// at or above its own guarantee), must not be left pending.
+/// pending request of at most one GPU on one replica, within its team's cap
+/// (its limit; its guarantee for never-preempted work under
+/// `borrowedOnly`), that could have been placed on free GPUs, or on GPUs
+/// freed by preempting workloads it may preempt, must not be left pending.
+/// It may preempt: its own team's lower priority work that lists its class;
+/// another team's such work only from what that team borrows (it stays at
+/// or above its guarantee) unless the policy says `crossTeamPreemption:
+/// any`; and — while its own team stays within its guarantee — any other
+/// team's preemptible work that keeps that team at or above its guarantee.
 ///
 /// To stay exact although the cycle changed things while it ran, every
 /// quantity is a bound that held at any moment of the cycle: free GPUs minus
@@ -808,7 +844,14 @@ pub fn check_no_missed_room(inv: &Inventory, pre: &State, d: &Decisions) -> Resu
                     continue;
                 };
                 let hi = used_hi[&(w.team.clone(), q.clone())];
-                if hi + w.total_gpus() > limit {
+                let hard =
+                    policy.settings.cross_team_preemption == CrossTeamPreemption::BorrowedOnly;
+                let cap = if hard && wc.preemptible_by.is_empty() {
+                    limit.min(g)
+                } else {
+                    limit
+                };
+                if hi + w.total_gpus() > cap {
                     continue;
                 }
                 let reclaim = hi + w.total_gpus() <= g;
@@ -825,6 +868,8 @@ pub fn check_no_missed_room(inv: &Inventory, pre: &State, d: &Decisions) -> Resu
                             let by_priority = vc.preemptible_by.contains(&w.priority_class);
                             let by_reclaim = reclaim && v.spec.team != w.team;
                             if by_priority || by_reclaim {
+                                // Cross-team victims (in `borrowedOnly`, and every reclaim)
+                                // are checked against their team's guarantee below.
                                 eligible.push((v, by_priority));
                             }
                         }
@@ -853,7 +898,7 @@ pub fn check_no_missed_room(inv: &Inventory, pre: &State, d: &Decisions) -> Resu
                                 .or_default() += v.spec.total_gpus();
                         }
                         let ok = chosen.iter().all(|(v, by_priority)| {
-                            *by_priority || {
+                            (*by_priority && (!hard || v.spec.team == w.team)) || {
                                 let k = (v.spec.team.clone(), v.quota.0.clone());
                                 let lo = used_lo[&k];
                                 lo.0 >= taken[&k].0 && Milli(lo.0 - taken[&k].0) >= v.quota.1
