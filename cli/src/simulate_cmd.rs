@@ -1,16 +1,18 @@
-//! `axle simulate`: replay a GPU job trace through Axle's scheduler and a baseline.
+//! `axle simulate`: replay a GPU job trace through Axle's scheduler and
+//! today's baselines, side by side.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 use axle_policy::{Milli, Policy};
-use axle_scheduler::inventory;
-use axle_scheduler::{Inventory, State};
-use axle_sim::trace::{TraceFormat, parse_trace};
-use axle_sim::{self as sim, Mode, SimJob, SimReport};
+use axle_scheduler::{ClusterInventory, Inventory, NodeInventory, State, inventory};
+use axle_sim::trace::{TraceFormat, parse_node_list, parse_trace};
+use axle_sim::{self as sim, Mode, Progress, SimJob, SimReport};
 use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Args)]
 pub struct SimulateArgs {
@@ -23,12 +25,17 @@ pub struct SimulateArgs {
     /// Trace format.
     #[arg(long, default_value = "philly")]
     format: String,
-    /// Also run a baseline and print it beside Axle.
-    #[arg(long, value_enum)]
-    baseline: Option<Baseline>,
+    /// Also run baselines and print them beside Axle (repeat, or separate
+    /// with commas: `--baseline firstfit,fifo,static`).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    baseline: Vec<Baseline>,
     /// Simulate one cluster of N GPUs in 8-GPU nodes instead of the policy's clusters.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "nodes")]
     capacity: Option<u64>,
+    /// Simulate the nodes of an Alibaba openb node list
+    /// (`sn,cpu_milli,memory_mib,gpu,model`) as one cluster.
+    #[arg(long)]
+    nodes: Option<PathBuf>,
     /// Priority class for trace jobs that name none (default: `training` if
     /// the policy has it, else the policy's default class).
     #[arg(long)]
@@ -42,14 +49,71 @@ pub struct SimulateArgs {
 enum Baseline {
     /// Each team only on its own guaranteed GPUs, no borrowing.
     Static,
-    /// One FIFO queue without quotas.
+    /// One FIFO queue without quotas, no backfill.
     Fifo,
+    /// One queue without quotas, scanned whole, starting whatever fits.
+    Firstfit,
+}
+
+impl Baseline {
+    fn mode(self) -> Mode {
+        match self {
+            Baseline::Static => Mode::Static,
+            Baseline::Fifo => Mode::Fifo,
+            Baseline::Firstfit => Mode::FirstFit,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 enum Output {
     Text,
     Json,
+}
+
+/// The inventory to replay on: `--capacity`, `--nodes`, or the policy's
+/// declared clusters.
+fn inventory_of(
+    args: &SimulateArgs,
+    policy: &Policy,
+    jobs: &[SimJob],
+) -> anyhow::Result<Inventory> {
+    if let Some(path) = &args.nodes {
+        let content = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read node list {}", path.display()))?;
+        let list = parse_node_list(&path.display().to_string(), &content)?;
+        if list.nodes.is_empty() {
+            bail!("node list {} has no GPU node", path.display());
+        }
+        return Ok(Inventory {
+            clusters: vec![ClusterInventory {
+                name: "sim".to_string(),
+                region: "sim".to_string(),
+                schedulable: true,
+                nodes: list
+                    .nodes
+                    .into_iter()
+                    .map(|n| NodeInventory {
+                        name: n.name,
+                        gpu_model: n.gpu_model,
+                        gpu_count: n.gpu_count,
+                        gpu_memory_mb: 0,
+                    })
+                    .collect(),
+            }],
+        });
+    }
+    Ok(match args.capacity {
+        Some(0) => bail!("--capacity must be at least 1 GPU"),
+        Some(n) => {
+            let model = jobs
+                .iter()
+                .find_map(|j| j.gpu_model.clone())
+                .unwrap_or_else(|| "V100".to_string());
+            inventory::uniform("sim", "sim", &model, n, 8)
+        }
+        None => inventory::declared(policy),
+    })
 }
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
@@ -107,20 +171,12 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         })
         .collect();
 
-    let inventory: Inventory = match args.capacity {
-        Some(0) => bail!("--capacity must be at least 1 GPU"),
-        Some(n) => {
-            let model = jobs
-                .iter()
-                .find_map(|j| j.gpu_model.clone())
-                .unwrap_or_else(|| "V100".to_string());
-            inventory::uniform("sim", "sim", &model, n, 8)
-        }
-        None => inventory::declared(&policy),
-    };
+    let inventory = inventory_of(&args, &policy, &jobs)?;
     let capacity: Milli = State::new(std::sync::Arc::new(policy.clone()), &inventory).capacity();
     if capacity == Milli::ZERO {
-        bail!("no capacity to simulate: the policy declares no Cluster nodes; pass --capacity N");
+        bail!(
+            "no capacity to simulate: the policy declares no Cluster nodes; pass --capacity N or --nodes FILE"
+        );
     }
     let (policy, notes) = sim::complete_policy(&policy, &jobs, capacity);
     if args.output == Output::Text {
@@ -132,16 +188,36 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         }
     }
 
-    let mut reports: Vec<(SimReport, f64)> = Vec::new();
     let mut modes = vec![Mode::Axle];
-    match args.baseline {
-        Some(Baseline::Static) => modes.push(Mode::Static),
-        Some(Baseline::Fifo) => modes.push(Mode::Fifo),
-        None => {}
+    for b in &args.baseline {
+        if !modes.contains(&b.mode()) {
+            modes.push(b.mode());
+        }
     }
+    // A bar only for a person watching: never in pipes, files or CI logs.
+    let show_bar = std::io::stderr().is_terminal();
+    let mut reports: Vec<(SimReport, f64)> = Vec::new();
     for mode in modes {
+        let bar = show_bar.then(|| {
+            let bar = ProgressBar::new(jobs.len() as u64);
+            bar.set_style(
+                ProgressStyle::with_template("{msg:>9} [{bar:40}] {pos}/{len} jobs ({eta})")
+                    .expect("valid template")
+                    .progress_chars("=> "),
+            );
+            bar.set_message(mode.as_str());
+            bar
+        });
+        let mut on_progress = |p: Progress| {
+            if let Some(bar) = &bar {
+                bar.set_position(p.jobs_submitted);
+            }
+        };
         let t0 = Instant::now();
-        let r = sim::simulate(&policy, &inventory, &jobs, mode);
+        let r = sim::simulate(&policy, &inventory, &jobs, mode, &mut on_progress);
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
         reports.push((r, t0.elapsed().as_secs_f64()));
     }
 
@@ -151,23 +227,23 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             if let Some((b, _)) = reports.get(1) {
                 v["baseline"] = serde_json::to_value(b)?;
             }
+            let mut all = serde_json::Map::new();
+            for (r, _) in &reports[1..] {
+                all.insert(r.mode.as_str().to_string(), serde_json::to_value(r)?);
+            }
+            v["baselines"] = serde_json::Value::Object(all);
             v["notes"] = serde_json::to_value(&notes)?;
             println!("{}", serde_json::to_string_pretty(&v)?);
         }
-        Output::Text => print_text(&reports, &policy),
+        Output::Text => print_text(&reports),
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_text(reports: &[(SimReport, f64)], policy: &Policy) {
-    let name = |m: Mode| match m {
-        Mode::Axle => "axle",
-        Mode::Static => "static",
-        Mode::Fifo => "fifo",
-    };
+fn print_text(reports: &[(SimReport, f64)]) {
     print!("{:<32}", "");
     for (r, _) in reports {
-        print!("{:>16}", name(r.mode));
+        print!("{:>16}", r.mode.as_str());
     }
     println!();
     let row = |label: &str, f: &dyn Fn(&SimReport) -> String| {
@@ -192,19 +268,23 @@ fn print_text(reports: &[(SimReport, f64)], policy: &Policy) {
         format!("{:.0}", r.idle_while_waiting_gpu_hours)
     });
     row("preemptions", &|r| r.preemptions.to_string());
+    row("gpu_hours_lost_to_preemption", &|r| {
+        format!("{:.0}", r.gpu_hours_lost_to_preemption)
+    });
+    row("guarantee_violations", &|r| {
+        r.guarantee_violations.to_string()
+    });
     row("makespan_s", &|r| r.makespan_s.to_string());
     row("cycles", &|r| r.cycles.to_string());
     for (r, secs) in reports {
-        if !r.rejected_reasons.is_empty() {
-            for (why, n) in &r.rejected_reasons {
-                println!("{}: rejected {n} jobs: {why}", name(r.mode));
-            }
+        for (why, n) in &r.rejected_reasons {
+            println!("{}: rejected {n} jobs: {why}", r.mode.as_str());
         }
-        println!("{}: simulated in {secs:.2}s", name(r.mode));
+        println!("{}: simulated in {secs:.2}s", r.mode.as_str());
     }
     for (r, _) in reports {
         println!();
-        println!("per priority class ({})", name(r.mode));
+        println!("per priority class ({})", r.mode.as_str());
         println!(
             "  {:<16}{:>10}{:>14}{:>14}",
             "class", "jobs", "delay mean s", "delay p95 s"
@@ -215,21 +295,32 @@ fn print_text(reports: &[(SimReport, f64)], policy: &Policy) {
     }
     for (r, _) in reports {
         println!();
-        println!("per team ({})", name(r.mode));
+        println!("per team ({})", r.mode.as_str());
         println!(
-            "  {:<12}{:>10}{:>12}{:>9}{:>13}{:>14}{:>14}",
-            "team", "finished", "gpu_hours", "share", "entitlement", "delay mean s", "delay p95 s"
+            "  {:<12}{:>10}{:>12}{:>9}{:>13}{:>14}{:>14}{:>13}{:>11}{:>12}",
+            "team",
+            "finished",
+            "gpu_hours",
+            "share",
+            "entitlement",
+            "delay mean s",
+            "delay p95 s",
+            "preemptions",
+            "lost_gpu_h",
+            "violations"
         );
         for (t, tr) in &r.per_team {
-            let _ = policy;
             println!(
-                "  {t:<12}{:>10}{:>12.0}{:>8.1}%{:>12.1}%{:>14.0}{:>14.0}",
+                "  {t:<12}{:>10}{:>12.0}{:>8.1}%{:>12.1}%{:>14.0}{:>14.0}{:>13}{:>11.0}{:>12}",
                 tr.jobs_finished,
                 tr.gpu_hours,
                 tr.share * 100.0,
                 tr.entitlement * 100.0,
                 tr.queue_delay_s.mean,
-                tr.queue_delay_s.p95
+                tr.queue_delay_s.p95,
+                tr.preemptions,
+                tr.gpu_hours_lost_to_preemption,
+                tr.guarantee_violations
             );
         }
     }

@@ -402,6 +402,15 @@ impl State {
         self.pending.values().map(|r| &r.spec)
     }
 
+    pub fn cluster_count(&self) -> u32 {
+        self.clusters.len() as u32
+    }
+
+    /// Nodes of a cluster (by index within it).
+    pub fn node_count(&self, cluster: u32) -> u32 {
+        self.clusters[cluster as usize].nodes.len() as u32
+    }
+
     pub fn cluster_name(&self, cluster: u32) -> &str {
         &self.clusters[cluster as usize].name
     }

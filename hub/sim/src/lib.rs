@@ -5,7 +5,12 @@
 //! The crate is pure like the core: callers hand in file contents and get
 //! reports back; nothing here reads files, clocks or randomness.
 
-pub mod replay;
+mod baseline;
+mod guarantee;
+mod replay;
+mod report;
 pub mod trace;
 
-pub use replay::{DelayStats, Mode, SimJob, SimReport, TeamReport, complete_policy, simulate};
+pub use baseline::{Mode, complete_policy, static_policy};
+pub use replay::{Progress, SimJob, simulate};
+pub use report::{DelayStats, SimReport, TeamReport};

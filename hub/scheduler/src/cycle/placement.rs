@@ -194,6 +194,22 @@ impl<'s> Work<'s> {
                 .copied()
                 .unwrap_or(self.gpu_free[g as usize])
         };
+        if spec.replicas == 1 && spec.allow_spread && spec.gpus_per_replica.0 >= MILLI_PER_GPU {
+            // A spread replica fits wherever the cluster has enough fully
+            // free GPUs of the model: count them instead of planning.
+            let mut full = u64::from(self.cluster_full[cluster as usize][m as usize]);
+            for (&g, &f) in overlay {
+                let node = &self.s.nodes[self.s.gpu_node[g as usize] as usize];
+                if f == FULL_GPU
+                    && self.gpu_free[g as usize] != FULL_GPU
+                    && node.cluster == cluster
+                    && node.model == m
+                {
+                    full += 1;
+                }
+            }
+            return full >= spec.gpus_per_replica.whole_gpus();
+        }
         if spec.replicas == 1 && !spec.allow_spread {
             let g = spec.gpus_per_replica;
             return nodes.iter().any(|&n| {

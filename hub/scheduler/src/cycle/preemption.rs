@@ -120,6 +120,38 @@ impl<'s> Work<'s> {
         (borrower && (by_priority || reclaim)).then_some(by_priority)
     }
 
+    /// Does any workload run that `class` may preempt by priority?
+    fn priority_possible(&self, class: u16) -> bool {
+        self.s
+            .cat
+            .classes
+            .iter()
+            .enumerate()
+            .any(|(v, vc)| vc.preemptible_by(class) && self.s.running_per_class[v] > 0)
+    }
+
+    /// An upper bound on the GPUs a request could find by preempting, plus
+    /// what is free: its own team's work, and what other teams hold that it
+    /// may take (all of it when priority crosses guarantees, else what they
+    /// borrow). Lets a hopeless search stop before it scans any node.
+    fn freeable_bound(&self, team: u32, class: u16, reclaim: bool) -> Milli {
+        let priority_takes_all = !self.s.cat.guarantees_hard
+            && self.s.cat.classes.iter().any(|vc| vc.preemptible_by(class));
+        let can_take = priority_takes_all || reclaim || self.priority_possible(class);
+        let mut bound = Milli(self.global_free);
+        for (t, info) in self.s.cat.teams.iter().enumerate() {
+            for (i, slot) in info.slots.iter().enumerate() {
+                let used = self.usage[t][i];
+                if t as u32 == team || priority_takes_all {
+                    bound += used;
+                } else if can_take {
+                    bound += used.saturating_sub(slot.1);
+                }
+            }
+        }
+        bound
+    }
+
     fn rank(&self, r: &RunningWorkload) -> Rank {
         (
             !self.is_borrower(r.team, r.slot, Milli::ZERO),
@@ -147,6 +179,14 @@ impl<'s> Work<'s> {
             let guaranteed = self.s.cat.teams[team as usize].slots[slot as usize].1;
             let reclaim =
                 self.usage[team as usize][slot as usize] + spec.total_gpus() <= guaranteed;
+            if !reclaim && choice.deficit == Milli::ZERO && !self.priority_possible(class) {
+                // No victim by priority runs, and no guarantee to reclaim.
+                continue;
+            }
+            if self.freeable_bound(team, class, reclaim) < spec.total_gpus() {
+                // Even evicting everything it may take would not free enough.
+                continue;
+            }
             // The team's own work that may free its quota from anywhere.
             let own: Vec<Cand> = if choice.deficit > Milli::ZERO {
                 self.s.team_running[team as usize]
@@ -164,58 +204,95 @@ impl<'s> Work<'s> {
             } else {
                 Vec::new()
             };
-            // Scopes: single nodes, or whole clusters for gangs and spread work.
-            let scopes: Box<dyn Iterator<Item = (u32, Vec<u32>)> + '_> = if single {
-                Box::new(
-                    self.s
-                        .nodes
-                        .iter()
-                        .enumerate()
-                        .filter(move |(i, n)| n.model == m && self.node_ok(spec, *i as u32))
-                        .map(|(i, n)| (n.cluster, vec![i as u32])),
-                )
-            } else {
-                Box::new(
-                    (0..self.s.clusters.len() as u32)
-                        .filter(move |&c| self.cluster_ok(spec, c))
-                        .map(move |c| {
-                            let ns = self.s.clusters[c as usize]
-                                .nodes
-                                .iter()
-                                .copied()
-                                .filter(|&n| self.s.nodes[n as usize].model == m)
-                                .collect();
-                            (c, ns)
-                        }),
-                )
-            };
-            let mut extra_left: Option<usize> = None;
-            for (cluster, nodes) in scopes {
-                if extra_left == Some(0) {
-                    break 'models;
+            // Every candidate victim, by scope: a node, or a cluster for
+            // gangs and spread work. Collected from the workloads that can be
+            // victims at all (the team's own, borrowers', or — when priority
+            // crosses guarantees — everyone's), so scopes without any are
+            // never visited.
+            let mut by_scope: BTreeMap<u32, Vec<Cand>> = BTreeMap::new();
+            let mut add = |r: &RunningWorkload| {
+                if self.preempted.contains(&r.spec.id) {
+                    return;
                 }
-                let mut cands: Vec<Cand> = Vec::new();
-                let mut seen = BTreeSet::new();
-                for &n in &nodes {
-                    for &v in &self.s.node_running[n as usize] {
-                        if self.preempted.contains(&v) || !seen.insert(v) {
-                            continue;
-                        }
-                        let r = &self.s.running[&v];
-                        if let Some(by_priority) = self.eligible(team, class, reclaim, r) {
-                            cands.push(Cand {
-                                rank: self.rank(r),
-                                id: v,
-                                in_scope: true,
-                                by_priority,
-                            });
+                let Some(by_priority) = self.eligible(team, class, reclaim, r) else {
+                    return;
+                };
+                let cluster_nodes = &self.s.clusters[r.allocation.cluster as usize].nodes;
+                let mut keys: Vec<u32> = Vec::with_capacity(1);
+                for sh in r.allocation.shards() {
+                    let n = cluster_nodes[sh.node as usize];
+                    if self.s.nodes[n as usize].model != m || !self.node_ok(spec, n) {
+                        continue;
+                    }
+                    let key = if single { n } else { r.allocation.cluster };
+                    if !keys.contains(&key) {
+                        keys.push(key);
+                    }
+                }
+                for key in keys {
+                    by_scope.entry(key).or_default().push(Cand {
+                        rank: self.rank(r),
+                        id: r.spec.id,
+                        in_scope: true,
+                        by_priority,
+                    });
+                }
+            };
+            if self.s.cat.guarantees_hard || !self.priority_possible(class) {
+                for (t, running) in self.s.team_running.iter().enumerate() {
+                    let t = t as u32;
+                    let borrows = (0..self.s.cat.teams[t as usize].slots.len())
+                        .any(|i| self.is_borrower(t, i as u16, Milli::ZERO));
+                    if t == team || borrows {
+                        for v in running {
+                            add(&self.s.running[v]);
                         }
                     }
                 }
+            } else {
+                for r in self.s.running.values() {
+                    add(r);
+                }
+            }
+            // Scopes in index order: those with candidates, or every one when
+            // the team's own work elsewhere may free its quota.
+            let all_scopes: Vec<u32> = if choice.deficit > Milli::ZERO {
+                if single {
+                    (0..self.s.nodes.len() as u32)
+                        .filter(|&n| self.s.nodes[n as usize].model == m && self.node_ok(spec, n))
+                        .collect()
+                } else {
+                    (0..self.s.clusters.len() as u32)
+                        .filter(|&c| self.cluster_ok(spec, c))
+                        .collect()
+                }
+            } else {
+                by_scope.keys().copied().collect()
+            };
+            let mut extra_left: Option<usize> = None;
+            for key in all_scopes {
+                if extra_left == Some(0) {
+                    break 'models;
+                }
+                let (cluster, nodes): (u32, Vec<u32>) = if single {
+                    (self.s.nodes[key as usize].cluster, vec![key])
+                } else {
+                    let ns = self.s.clusters[key as usize]
+                        .nodes
+                        .iter()
+                        .copied()
+                        .filter(|&n| self.s.nodes[n as usize].model == m)
+                        .collect();
+                    (key, ns)
+                };
+                let mut cands: Vec<Cand> = by_scope.remove(&key).unwrap_or_default();
                 if cands.is_empty() && own.is_empty() {
                     continue;
                 }
-                cands.extend(own.iter().filter(|c| !seen.contains(&c.id)).copied());
+                if !own.is_empty() {
+                    let here: BTreeSet<WorkloadId> = cands.iter().map(|c| c.id).collect();
+                    cands.extend(own.iter().filter(|c| !here.contains(&c.id)).copied());
+                }
                 cands.sort_unstable_by_key(|c| c.rank);
                 let Some(victims) =
                     self.pick_in_scope(spec, team, class, choice, cluster, &nodes, &cands)
