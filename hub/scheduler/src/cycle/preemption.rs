@@ -35,6 +35,13 @@ use crate::types::{PreemptReason, WorkloadId, WorkloadSpec};
 /// every scope, so a request that can make room always does.
 pub const MAX_EXTRA_SCOPES_PER_SEARCH: usize = 16;
 
+/// A search collects every possible victim up front when there are at most
+/// this many (or at most one per scope): then scopes without any are never
+/// visited, which keeps hopeless searches on small fleets cheap. With more,
+/// scanning scopes in order is cheaper, since it stops soon after the first
+/// scope that works.
+const MIN_SPARSE_SOURCES: usize = 1024;
+
 /// One chosen victim: why it may be preempted and the work it loses
 /// (milli-GPU·ms).
 #[derive(Debug, Clone)]
@@ -209,66 +216,79 @@ impl<'s> Work<'s> {
             // victims at all (the team's own, borrowers', or — when priority
             // crosses guarantees — everyone's), so scopes without any are
             // never visited.
-            let mut by_scope: BTreeMap<u32, Vec<Cand>> = BTreeMap::new();
-            let mut add = |r: &RunningWorkload| {
-                if self.preempted.contains(&r.spec.id) {
-                    return;
-                }
-                let Some(by_priority) = self.eligible(team, class, reclaim, r) else {
-                    return;
-                };
-                let cluster_nodes = &self.s.clusters[r.allocation.cluster as usize].nodes;
-                let mut keys: Vec<u32> = Vec::with_capacity(1);
-                for sh in r.allocation.shards() {
-                    let n = cluster_nodes[sh.node as usize];
-                    if self.s.nodes[n as usize].model != m || !self.node_ok(spec, n) {
-                        continue;
-                    }
-                    let key = if single { n } else { r.allocation.cluster };
-                    if !keys.contains(&key) {
-                        keys.push(key);
-                    }
-                }
-                for key in keys {
-                    by_scope.entry(key).or_default().push(Cand {
-                        rank: self.rank(r),
-                        id: r.spec.id,
-                        in_scope: true,
-                        by_priority,
-                    });
-                }
+            let everyone = !self.s.cat.guarantees_hard && self.priority_possible(class);
+            let source_teams: Vec<u32> = (0..self.s.cat.teams.len() as u32)
+                .filter(|&t| {
+                    everyone
+                        || t == team
+                        || (0..self.s.cat.teams[t as usize].slots.len())
+                            .any(|i| self.is_borrower(t, i as u16, Milli::ZERO))
+                })
+                .collect();
+            let sources: usize = source_teams
+                .iter()
+                .map(|&t| self.s.team_running[t as usize].len())
+                .sum();
+            let scope_count = if single {
+                self.s.nodes.len()
+            } else {
+                self.s.clusters.len()
             };
-            if self.s.cat.guarantees_hard || !self.priority_possible(class) {
-                for (t, running) in self.s.team_running.iter().enumerate() {
-                    let t = t as u32;
-                    let borrows = (0..self.s.cat.teams[t as usize].slots.len())
-                        .any(|i| self.is_borrower(t, i as u16, Milli::ZERO));
-                    if t == team || borrows {
-                        for v in running {
-                            add(&self.s.running[v]);
+            // Few possible victims: collect them first, so scopes without any
+            // are never visited. Many: scan scopes in order, which stops
+            // soon after the first one that works.
+            let sparse = sources <= scope_count.max(MIN_SPARSE_SOURCES);
+            let mut by_scope: BTreeMap<u32, Vec<Cand>> = BTreeMap::new();
+            if sparse {
+                for &t in &source_teams {
+                    for v in &self.s.team_running[t as usize] {
+                        let r = &self.s.running[v];
+                        if self.preempted.contains(v) {
+                            continue;
+                        }
+                        let Some(by_priority) = self.eligible(team, class, reclaim, r) else {
+                            continue;
+                        };
+                        let cluster_nodes = &self.s.clusters[r.allocation.cluster as usize].nodes;
+                        let mut keys: Vec<u32> = Vec::with_capacity(1);
+                        for sh in r.allocation.shards() {
+                            let n = cluster_nodes[sh.node as usize];
+                            if self.s.nodes[n as usize].model != m || !self.node_ok(spec, n) {
+                                continue;
+                            }
+                            let key = if single { n } else { r.allocation.cluster };
+                            if !keys.contains(&key) {
+                                keys.push(key);
+                            }
+                        }
+                        for key in keys {
+                            by_scope.entry(key).or_default().push(Cand {
+                                rank: self.rank(r),
+                                id: r.spec.id,
+                                in_scope: true,
+                                by_priority,
+                            });
                         }
                     }
                 }
-            } else {
-                for r in self.s.running.values() {
-                    add(r);
-                }
             }
             // Scopes in index order: those with candidates, or every one when
-            // the team's own work elsewhere may free its quota.
-            let all_scopes: Vec<u32> = if choice.deficit > Milli::ZERO {
-                if single {
-                    (0..self.s.nodes.len() as u32)
-                        .filter(|&n| self.s.nodes[n as usize].model == m && self.node_ok(spec, n))
-                        .collect()
+            // scanning or when the team's own work elsewhere may free its quota.
+            let all_scopes: Box<dyn Iterator<Item = u32> + '_> =
+                if !sparse || choice.deficit > Milli::ZERO {
+                    if single {
+                        Box::new((0..self.s.nodes.len() as u32).filter(move |&n| {
+                            self.s.nodes[n as usize].model == m && self.node_ok(spec, n)
+                        }))
+                    } else {
+                        Box::new(
+                            (0..self.s.clusters.len() as u32)
+                                .filter(move |&c| self.cluster_ok(spec, c)),
+                        )
+                    }
                 } else {
-                    (0..self.s.clusters.len() as u32)
-                        .filter(|&c| self.cluster_ok(spec, c))
-                        .collect()
-                }
-            } else {
-                by_scope.keys().copied().collect()
-            };
+                    Box::new(by_scope.keys().copied().collect::<Vec<u32>>().into_iter())
+                };
             let mut extra_left: Option<usize> = None;
             for key in all_scopes {
                 if extra_left == Some(0) {
@@ -285,7 +305,11 @@ impl<'s> Work<'s> {
                         .collect();
                     (key, ns)
                 };
-                let mut cands: Vec<Cand> = by_scope.remove(&key).unwrap_or_default();
+                let mut cands: Vec<Cand> = if sparse {
+                    by_scope.remove(&key).unwrap_or_default()
+                } else {
+                    self.scope_candidates(team, class, reclaim, &nodes)
+                };
                 if cands.is_empty() && own.is_empty() {
                     continue;
                 }
@@ -328,6 +352,30 @@ impl<'s> Work<'s> {
             }
         }
         best.map(|(_, plan)| plan)
+    }
+
+    /// The candidate victims running on `nodes`, each once.
+    fn scope_candidates(&self, team: u32, class: u16, reclaim: bool, nodes: &[u32]) -> Vec<Cand> {
+        let mut cands: Vec<Cand> = Vec::new();
+        for &n in nodes {
+            for &v in &self.s.node_running[n as usize] {
+                if self.preempted.contains(&v)
+                    || (nodes.len() > 1 && cands.iter().any(|c| c.id == v))
+                {
+                    continue;
+                }
+                let r = &self.s.running[&v];
+                if let Some(by_priority) = self.eligible(team, class, reclaim, r) {
+                    cands.push(Cand {
+                        rank: self.rank(r),
+                        id: v,
+                        in_scope: true,
+                        by_priority,
+                    });
+                }
+            }
+        }
+        cands
     }
 
     fn cost(&self, victims: &[Victim]) -> Cost {
