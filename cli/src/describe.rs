@@ -21,6 +21,19 @@ pub fn shell_quote(arg: &str) -> String {
     }
 }
 
+/// GPU-hours with precision that fits their size: 0.0042, 1.25, 310.
+fn fmt_gpu_hours(h: f64) -> String {
+    if h == 0.0 {
+        "0".to_string()
+    } else if h < 0.01 {
+        format!("{h:.4}")
+    } else if h < 100.0 {
+        format!("{h:.2}")
+    } else {
+        format!("{h:.0}")
+    }
+}
+
 pub fn shell_join(args: &[String]) -> String {
     args.iter()
         .map(|a| shell_quote(a))
@@ -116,6 +129,22 @@ pub fn describe_workload(w: &WorkloadView, now_ms: u64) -> String {
     field(o, "Cluster", w.cluster.as_deref().unwrap_or("-"));
     field(o, "Epoch", &w.epoch.to_string());
     field(o, "Preemptions", &w.preemptions.to_string());
+    let checkpoints = match (w.checkpointable, w.checkpoint_interval_s) {
+        (true, Some(i)) => format!("yes, every {}", fmt_span(i * 1000)),
+        (true, None) => "yes".to_string(),
+        (false, _) => "no (a preemption restarts it from zero)".to_string(),
+    };
+    field(o, "Checkpoints", &checkpoints);
+    if w.preemptions > 0 {
+        field(
+            o,
+            "Work lost",
+            &format!(
+                "{} GPU-hours to preemption",
+                fmt_gpu_hours(w.lost_gpu_hours)
+            ),
+        );
+    }
     field(o, "Submitted", &fmt_when(Some(w.submitted_at_ms), now_ms));
     field(o, "Started", &fmt_when(w.started_at_ms, now_ms));
     field(o, "Finished", &fmt_when(w.finished_at_ms, now_ms));
@@ -134,6 +163,21 @@ pub fn describe_workload(w: &WorkloadView, now_ms: u64) -> String {
         o.push_str("Placement:\n");
         for (i, r) in w.replicas.iter().enumerate() {
             let _ = writeln!(o, "  replica {i}  {}", fmt_replica(r));
+        }
+    }
+    if !w.preemption_log.is_empty() {
+        o.push_str("Preempted:\n");
+        for p in &w.preemption_log {
+            let _ = writeln!(
+                o,
+                "  {}  by workload {} ({}, team {}), lost {} GPU-hours: {}",
+                fmt_when(Some(p.at_ms), now_ms),
+                p.by_workload,
+                p.by_priority,
+                p.by_team,
+                fmt_gpu_hours(p.lost_gpu_hours),
+                p.reason
+            );
         }
     }
     if w.history.is_empty() {
@@ -187,6 +231,7 @@ State:       Running
 Cluster:     gpu-east-1
 Epoch:       1
 Preemptions: 0
+Checkpoints: no (a preemption restarts it from zero)
 Submitted:   2023-11-14 22:14:15.000Z (45s ago)
 Started:     2023-11-14 22:14:20.000Z (40s ago)
 Finished:    -
@@ -201,6 +246,33 @@ History:
   2023-11-14 22:14:20.000Z   Placed → Running   started
 ";
         assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn preemptions_show_who_caused_them_and_the_work_lost() {
+        let mut w = running_workload(7);
+        w.checkpointable = true;
+        w.checkpoint_interval_s = Some(1800);
+        w.preemptions = 1;
+        w.lost_gpu_hours = 0.25;
+        w.preemption_log = vec![axle_proto::api::PreemptionView {
+            at_ms: NOW_MS - 30_000,
+            by_workload: 9,
+            by_team: "nlp".into(),
+            by_priority: "training".into(),
+            reason: "team nlp reclaims its guarantee".into(),
+            lost_gpu_hours: 0.25,
+        }];
+        let out = describe_workload(&w, NOW_MS);
+        assert!(out.contains("Checkpoints: yes, every 30m"), "{out}");
+        assert!(
+            out.contains("Work lost:   0.25 GPU-hours to preemption"),
+            "{out}"
+        );
+        assert!(
+            out.contains("by workload 9 (training, team nlp), lost 0.25 GPU-hours: team nlp reclaims its guarantee"),
+            "{out}"
+        );
     }
 
     #[test]

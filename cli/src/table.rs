@@ -349,6 +349,10 @@ pub(crate) mod tests {
             finished_at_ms: None,
             exit_code: None,
             preemptions: 0,
+            checkpointable: false,
+            checkpoint_interval_s: None,
+            preemption_log: vec![],
+            lost_gpu_hours: 0.0,
             history: vec![],
         }
     }

@@ -55,6 +55,21 @@ pub struct SubmitArgs {
     /// Kill the workload after this long: 90s, 45m, 1h30m, 2d.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_s)]
     max_runtime: Option<u64>,
+    /// The workload saves its progress and resumes after preemption: it gets
+    /// the checkpoint signal and its grace period to save into
+    /// $AXLE_CHECKPOINT_DIR, which every run of it sees (default: its
+    /// priority class decides).
+    #[arg(long, conflicts_with = "no_checkpoint")]
+    checkpointable: bool,
+    /// The workload does not checkpoint, whatever its priority class says.
+    #[arg(long)]
+    no_checkpoint: bool,
+    /// How often it saves on its own, e.g. 10m (default: the class's).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_s)]
+    checkpoint_interval: Option<u64>,
+    /// Signal sent at preemption, e.g. SIGUSR1 (default: the class's, SIGTERM).
+    #[arg(long, value_name = "SIGNAL")]
+    checkpoint_signal: Option<String>,
     /// Key that makes a retried submit return the first workload (default:
     /// generated from the process id and time).
     #[arg(long)]
@@ -170,6 +185,15 @@ fn build_request(a: &SubmitArgs, key: String) -> Result<SubmitRequest, UsageErro
         idempotency_key: Some(key),
         env: env_map(&a.env).map_err(UsageError)?,
         max_runtime_s: a.max_runtime,
+        checkpointable: if a.checkpointable {
+            Some(true)
+        } else if a.no_checkpoint {
+            Some(false)
+        } else {
+            None
+        },
+        checkpoint_interval_s: a.checkpoint_interval,
+        checkpoint_signal: a.checkpoint_signal.clone(),
     })
 }
 

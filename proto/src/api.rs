@@ -39,6 +39,16 @@ pub struct SubmitRequest {
     pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub max_runtime_s: Option<u64>,
+    /// Whether the workload saves its progress and resumes after preemption
+    /// (default: its priority class's `checkpointable`).
+    #[serde(default)]
+    pub checkpointable: Option<bool>,
+    /// How often it saves on its own (default: the class's).
+    #[serde(default)]
+    pub checkpoint_interval_s: Option<u64>,
+    /// Signal it gets when preempted (default: the class's, SIGTERM).
+    #[serde(default)]
+    pub checkpoint_signal: Option<String>,
 }
 
 /// Workload lifecycle states as the API names them.
@@ -72,6 +82,20 @@ pub struct TransitionView {
     pub reason: String,
 }
 
+/// One preemption of a workload: when, by whom, why, and what it cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PreemptionView {
+    pub at_ms: u64,
+    /// The workload that needed the GPUs, its team and priority class.
+    pub by_workload: u64,
+    pub by_team: String,
+    pub by_priority: String,
+    pub reason: String,
+    /// GPU-hours of work thrown away: the whole run without checkpoints,
+    /// else what was done since the last one (an estimate from the interval).
+    pub lost_gpu_hours: f64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkloadView {
     pub id: u64,
@@ -94,6 +118,17 @@ pub struct WorkloadView {
     pub finished_at_ms: Option<u64>,
     pub exit_code: Option<i32>,
     pub preemptions: u32,
+    /// Saves its progress and resumes after preemption.
+    #[serde(default)]
+    pub checkpointable: bool,
+    #[serde(default)]
+    pub checkpoint_interval_s: Option<u64>,
+    /// Each preemption (the most recent ones, bounded like `history`).
+    #[serde(default)]
+    pub preemption_log: Vec<PreemptionView>,
+    /// Work lost to all its preemptions.
+    #[serde(default)]
+    pub lost_gpu_hours: f64,
     pub history: Vec<TransitionView>,
 }
 

@@ -595,10 +595,13 @@ impl Agent {
             };
             tracing::info!(workload_id = id, epoch = live.epoch, reason = %why, grace_s = grace.as_secs(), "stopping workload");
             live.stopping = true;
-            live.stop_tx.send_replace(Some(StopRequest {
-                grace,
-                cause: StopCause::Hub(why.clone()),
-            }));
+            let cause = if stop.reason == pb::StopReason::Cancelled as i32 {
+                StopCause::Cancelled(why.clone())
+            } else {
+                StopCause::Hub(why.clone())
+            };
+            live.stop_tx
+                .send_replace(Some(StopRequest { grace, cause }));
             // Its supervisor reports STOPPED once every process is gone.
             answered = any_epoch || live.epoch == stop.epoch;
         }

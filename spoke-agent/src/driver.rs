@@ -43,6 +43,9 @@ const MAX_SIGNAL: i32 = 64;
 pub enum StopCause {
     /// The hub sent `Stop`; the text says why.
     Hub(String),
+    /// The hub sent `Stop` because a user cancelled the workload: it will not
+    /// run again, so its checkpoints go too.
+    Cancelled(String),
     /// The hub assigned a newer epoch of the same workload.
     Superseded { by_epoch: u64 },
     /// The spoke is shutting down.
@@ -77,6 +80,23 @@ pub fn work_dir(data_dir: &Path, workload_id: u64, epoch: u64) -> PathBuf {
     data_dir.join("work").join(format!("{workload_id}-{epoch}"))
 }
 
+/// `<data_dir>/checkpoints/<workload_id>`: the same for every epoch of a
+/// workload on this spoke, so a run resumes where the last one saved.
+pub fn checkpoint_dir(data_dir: &Path, workload_id: u64) -> PathBuf {
+    data_dir.join("checkpoints").join(workload_id.to_string())
+}
+
+/// The signal that asks a workload to stop: its checkpoint signal when it
+/// saves its progress, else SIGTERM. SIGKILL follows after the grace period.
+pub fn stop_signal(assign: &pb::Assign) -> Signal {
+    assign
+        .checkpoint_signal
+        .parse::<Signal>()
+        .ok()
+        .filter(|s| *s != Signal::SIGKILL && *s != Signal::SIGSTOP)
+        .unwrap_or(Signal::SIGTERM)
+}
+
 /// `AXLE_GPU_FRACTION` for a share below a whole GPU: 250 → `0.25`.
 fn gpu_fraction(milli: u32) -> String {
     let digits = format!("{milli:03}");
@@ -89,6 +109,7 @@ pub fn replica_env(
     assign: &pb::Assign,
     index: usize,
     replica: &pb::Replica,
+    checkpoints: Option<&Path>,
 ) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = assign
         .env
@@ -110,6 +131,21 @@ pub fn replica_env(
     env.insert("AXLE_REPLICA".into(), index.to_string());
     env.insert("AXLE_REPLICAS".into(), assign.replicas.len().to_string());
     env.insert("AXLE_NODE".into(), replica.node.clone());
+    env.insert(
+        "AXLE_RESTART_COUNT".into(),
+        assign.restart_count.to_string(),
+    );
+    match checkpoints {
+        Some(dir) => {
+            env.insert(
+                "AXLE_CHECKPOINT_DIR".into(),
+                dir.to_string_lossy().into_owned(),
+            );
+        }
+        None => {
+            env.remove("AXLE_CHECKPOINT_DIR");
+        }
+    }
     env
 }
 
@@ -250,6 +286,15 @@ async fn run_workload(
     if let Err(msg) = check_command(&assign.command, &assign.env, &work) {
         return status(assign, pb::Phase::Failed, SPAWN_FAILED_EXIT_CODE, msg);
     }
+    let term = stop_signal(assign);
+    let checkpoints =
+        (!assign.checkpoint_signal.is_empty()).then(|| checkpoint_dir(&ctx.data_dir, workload_id));
+    if let Some(dir) = &checkpoints
+        && let Err(e) = tokio::fs::create_dir_all(dir).await
+    {
+        let msg = format!("cannot create checkpoint directory {}: {e}", dir.display());
+        return status(assign, pb::Phase::Failed, SPAWN_FAILED_EXIT_CODE, msg);
+    }
     let log_file_path = log_path(&ctx.data_dir, workload_id, epoch);
     let log_file = match tokio::fs::File::create(&log_file_path).await {
         Ok(f) => f,
@@ -281,12 +326,14 @@ async fn run_workload(
 
     for (i, replica) in assign.replicas.iter().enumerate() {
         let mut cmd = tokio::process::Command::new(&ctx.shim_exe);
-        cmd.arg(SHIM_ARG)
-            .arg(grace.as_secs().to_string())
-            .arg("--")
+        cmd.arg(SHIM_ARG).arg(grace.as_secs().to_string());
+        if term != Signal::SIGTERM {
+            cmd.arg("--signal").arg(term.as_str());
+        }
+        cmd.arg("--")
             .args(&assign.command)
             .env_remove("AXLE_GPU_FRACTION")
-            .envs(replica_env(assign, i, replica))
+            .envs(replica_env(assign, i, replica, checkpoints.as_deref()))
             .current_dir(&work)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -360,7 +407,7 @@ async fn run_workload(
         let _ = ctx.events.send(Event::Started { workload_id, epoch }).await;
     } else {
         for pgid in live.values() {
-            signal_group(*pgid, Signal::SIGTERM);
+            signal_group(*pgid, term);
         }
         kill_at = Some(Instant::now() + grace);
     }
@@ -369,6 +416,7 @@ async fn run_workload(
         .then(|| Instant::now() + Duration::from_secs(assign.max_runtime_s));
     let far = Instant::now() + FAR_FUTURE;
     let mut stop_open = true;
+    let mut cancelled = false;
     while !waits.is_empty() {
         tokio::select! {
             joined = waits.join_next() => {
@@ -402,7 +450,7 @@ async fn run_workload(
                         }
                         ending = Some(Ending { phase: pb::Phase::Failed, message });
                         for pgid in live.values() {
-                            signal_group(*pgid, Signal::SIGTERM);
+                            signal_group(*pgid, term);
                         }
                         kill_at = Some(Instant::now() + grace);
                     }
@@ -415,15 +463,16 @@ async fn run_workload(
                 }
                 let Some(request) = stop_rx.borrow_and_update().clone() else { continue };
                 let deadline = Instant::now() + request.grace;
+                cancelled |= matches!(request.cause, StopCause::Cancelled(_));
                 if ending.is_none() {
                     let message = match request.cause {
-                        StopCause::Hub(why) => format!("stopped by the hub: {why}"),
+                        StopCause::Hub(why) | StopCause::Cancelled(why) => format!("stopped by the hub: {why}"),
                         StopCause::Superseded { by_epoch } => format!("superseded by epoch {by_epoch}"),
                         StopCause::Shutdown => "the spoke is shutting down".into(),
                     };
                     ending = Some(Ending { phase: pb::Phase::Stopped, message });
                     for pgid in live.values() {
-                        signal_group(*pgid, Signal::SIGTERM);
+                        signal_group(*pgid, term);
                     }
                 }
                 // A second request may only shorten the grace.
@@ -440,7 +489,7 @@ async fn run_workload(
                 tracing::info!(workload_id, epoch, "{message}");
                 ending = Some(Ending { phase: pb::Phase::Failed, message });
                 for pgid in live.values() {
-                    signal_group(*pgid, Signal::SIGTERM);
+                    signal_group(*pgid, term);
                 }
                 kill_at = Some(Instant::now() + grace);
             }
@@ -463,6 +512,23 @@ async fn run_workload(
     }
     // The writer ends once the pumps are gone, after its last chunk.
     let _ = writer.await;
+
+    // A workload that ended (or was cancelled) will not run again: its
+    // checkpoints go. One stopped otherwise (preempted, fenced, superseded,
+    // the spoke shutting down) keeps them for its next run.
+    let over = match &ending {
+        None => true,
+        Some(e) => e.phase != pb::Phase::Stopped || cancelled,
+    };
+    if over && let Some(dir) = &checkpoints {
+        match tokio::fs::remove_dir_all(dir).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(workload_id, error = %e, "cannot remove checkpoint directory {}", dir.display())
+            }
+        }
+    }
 
     match ending {
         None => status(
@@ -517,7 +583,7 @@ mod tests {
             replica("n0", &[]),
             replica("n1", &[(3, 1000), (1, 1000)]),
         ]);
-        let env = replica_env(&a, 1, &a.replicas[1]);
+        let env = replica_env(&a, 1, &a.replicas[1], None);
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], "3,1");
         assert!(!env.contains_key("AXLE_GPU_FRACTION"));
         assert_eq!(env["FOO"], "bar");
@@ -526,7 +592,7 @@ mod tests {
         assert_eq!(env["AXLE_REPLICA"], "1");
         assert_eq!(env["AXLE_REPLICAS"], "2");
         assert_eq!(env["AXLE_NODE"], "n1");
-        let env0 = replica_env(&a, 0, &a.replicas[0]);
+        let env0 = replica_env(&a, 0, &a.replicas[0], None);
         assert_eq!(env0["CUDA_VISIBLE_DEVICES"], "");
     }
 
@@ -540,10 +606,31 @@ mod tests {
             (1, "0.001"),
         ] {
             let a = assign_with(vec![replica("n0", &[(2, milli)])]);
-            let env = replica_env(&a, 0, &a.replicas[0]);
+            let env = replica_env(&a, 0, &a.replicas[0], None);
             assert_eq!(env["AXLE_GPU_FRACTION"], text);
             assert_eq!(env["CUDA_VISIBLE_DEVICES"], "2");
         }
+    }
+
+    #[test]
+    fn checkpoints_and_restarts_in_the_environment_and_the_stop_signal() {
+        let mut a = assign_with(vec![replica("n0", &[(0, 1000)])]);
+        a.restart_count = 2;
+        a.env
+            .insert("AXLE_CHECKPOINT_DIR".into(), "/elsewhere".into());
+        let dir = checkpoint_dir(Path::new("/data"), 42);
+        assert_eq!(dir, Path::new("/data/checkpoints/42"));
+        let env = replica_env(&a, 0, &a.replicas[0], Some(&dir));
+        assert_eq!(env["AXLE_CHECKPOINT_DIR"], "/data/checkpoints/42");
+        assert_eq!(env["AXLE_RESTART_COUNT"], "2");
+        // Not checkpointable: no directory, and the request cannot fake one.
+        let env = replica_env(&a, 0, &a.replicas[0], None);
+        assert!(!env.contains_key("AXLE_CHECKPOINT_DIR"));
+        assert_eq!(stop_signal(&a), Signal::SIGTERM);
+        a.checkpoint_signal = "SIGUSR1".into();
+        assert_eq!(stop_signal(&a), Signal::SIGUSR1);
+        a.checkpoint_signal = "SIGKILL".into();
+        assert_eq!(stop_signal(&a), Signal::SIGTERM);
     }
 
     #[test]

@@ -46,6 +46,43 @@ const INPUT_CHANNEL_CAPACITY: usize = 64;
 /// pipes rather than growing memory.
 const EVENT_CHANNEL_CAPACITY: usize = 1024;
 
+/// How long a workload's checkpoint directory outlives its last write when
+/// the workload does not come back to this spoke: a week covers a long
+/// queue behind higher priority work; after that a resumed run elsewhere
+/// starts from zero anyway.
+pub const CHECKPOINT_RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Removes the checkpoint directories under `root` whose newest entry is
+/// older than `retention`. Best effort: what cannot be read stays.
+fn sweep_checkpoints(root: &std::path::Path, retention: std::time::Duration) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    let now = std::time::SystemTime::now();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let newest = std::iter::once(path.clone())
+            .chain(
+                std::fs::read_dir(&path)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.path()),
+            )
+            .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+            .max();
+        let stale = newest.is_some_and(|t| now.duration_since(t).is_ok_and(|age| age > retention));
+        if stale {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => tracing::info!("removed stale checkpoints {}", path.display()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot remove stale checkpoints {}", path.display())
+                }
+            }
+        }
+    }
+}
+
 /// Knobs of [`run_with`] that callers other than the `axle-spoke` binary need.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
@@ -81,12 +118,17 @@ pub async fn run_with(
         None => std::env::current_exe()
             .context("cannot find the spoke's own executable for the process shim")?,
     };
-    for dir in ["logs", "work"] {
+    for dir in ["logs", "work", "checkpoints"] {
         let path = config.data_dir.join(dir);
         tokio::fs::create_dir_all(&path)
             .await
             .with_context(|| format!("cannot create {}", path.display()))?;
     }
+    // Nothing runs yet (workloads die with their spoke), so no checkpoint
+    // directory is in use: those left untouched for too long belong to
+    // workloads that will not come back (cancelled while waiting, or run
+    // elsewhere).
+    sweep_checkpoints(&config.data_dir.join("checkpoints"), CHECKPOINT_RETENTION);
     let (inputs_tx, inputs_rx) = mpsc::channel(INPUT_CHANNEL_CAPACITY);
     let (events_tx, events_rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
     let driver = driver::DriverCtx {

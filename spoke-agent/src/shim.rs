@@ -1,6 +1,7 @@
 //! The process shim that ties every workload replica's life to the spoke's.
 //!
-//! The spoke starts each replica as `<spoke exe> __axle_shim <grace_s> -- <command…>`
+//! The spoke starts each replica as
+//! `<spoke exe> __axle_shim <grace_s> [--signal SIGUSR1] -- <command…>`
 //! in a new process group, with stdin a pipe whose write end only the spoke
 //! holds. When the spoke dies for any reason (even SIGKILL), the kernel closes
 //! that pipe; the shim sees EOF and takes the whole group down (SIGTERM, then
@@ -60,14 +61,30 @@ pub fn maybe_run_shim() {
 #[derive(Debug, PartialEq, Eq)]
 struct ShimArgs {
     grace: Duration,
+    /// What the group gets when the spoke is gone: the workload's checkpoint
+    /// signal, else SIGTERM.
+    stop_signal: Signal,
     command: Vec<String>,
 }
 
 impl ShimArgs {
-    /// `<grace_s> -- <command…>`
+    /// `<grace_s> [--signal <SIG>] -- <command…>`
     fn parse(args: &[String]) -> Result<ShimArgs, String> {
-        let usage = "usage: __axle_shim <grace_s> -- <command> [args…]";
-        let [grace_text, dashes, command @ ..] = args else {
+        let usage = "usage: __axle_shim <grace_s> [--signal SIGNAL] -- <command> [args…]";
+        let (grace_text, stop_signal, rest) = match args {
+            [g, flag, sig, rest @ ..] if flag == "--signal" => {
+                let sig: Signal = sig
+                    .parse()
+                    .map_err(|_| format!("unknown signal {sig:?}; {usage}"))?;
+                if matches!(sig, Signal::SIGKILL | Signal::SIGSTOP) {
+                    return Err(format!("{sig} cannot be caught; {usage}"));
+                }
+                (g, sig, rest)
+            }
+            [g, rest @ ..] => (g, Signal::SIGTERM, rest),
+            [] => return Err(usage.into()),
+        };
+        let [dashes, command @ ..] = rest else {
             return Err(usage.into());
         };
         if dashes != "--" || command.is_empty() {
@@ -78,6 +95,7 @@ impl ShimArgs {
             .map_err(|_| format!("grace {grace_text:?} is not a number of seconds; {usage}"))?;
         Ok(ShimArgs {
             grace: Duration::from_secs(grace_s),
+            stop_signal,
             command: command.to_vec(),
         })
     }
@@ -110,6 +128,15 @@ async fn run_shim(args: ShimArgs) -> i32 {
         Ok(s) => s,
         Err(e) => {
             eprintln!("axle-shim: cannot handle SIGTERM: {e}");
+            return SHIM_SETUP_EXIT_CODE;
+        }
+    };
+    // The same for the workload's own stop signal (its checkpoint signal),
+    // which would otherwise kill the shim by default.
+    let mut stop_sig = match signal(SignalKind::from_raw(args.stop_signal as i32)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("axle-shim: cannot handle {}: {e}", args.stop_signal);
             return SHIM_SETUP_EXIT_CODE;
         }
     };
@@ -190,9 +217,11 @@ async fn run_shim(args: ShimArgs) -> i32 {
             _ = sigterm.recv() => {
                 // Sent to the whole group by the spoke; the child handles it.
             }
+            _ = stop_sig.recv() => {}
             () = &mut stdin_closed => {
-                // The spoke is gone: take the group down.
-                let _ = killpg(getpgrp(), Signal::SIGTERM);
+                // The spoke is gone: take the group down, letting the
+                // workload save its progress first.
+                let _ = killpg(getpgrp(), args.stop_signal);
                 let _ = tokio::time::timeout(args.grace, child.wait()).await;
                 // Kills the shim too, which is what we want: nobody waits for it.
                 let _ = killpg(getpgrp(), Signal::SIGKILL);
@@ -253,9 +282,20 @@ mod tests {
             ShimArgs::parse(&strings(&["5", "--", "sh", "-c", "true"])),
             Ok(ShimArgs {
                 grace: Duration::from_secs(5),
+                stop_signal: Signal::SIGTERM,
                 command: strings(&["sh", "-c", "true"])
             })
         );
+        assert_eq!(
+            ShimArgs::parse(&strings(&["5", "--signal", "SIGUSR1", "--", "run"])),
+            Ok(ShimArgs {
+                grace: Duration::from_secs(5),
+                stop_signal: Signal::SIGUSR1,
+                command: strings(&["run"])
+            })
+        );
+        assert!(ShimArgs::parse(&strings(&["5", "--signal", "SIGKILL", "--", "run"])).is_err());
+        assert!(ShimArgs::parse(&strings(&["5", "--signal", "SIGNOPE", "--", "run"])).is_err());
         for bad in [
             &["5", "--"][..],
             &["5", "sh"][..],

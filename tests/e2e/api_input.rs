@@ -134,6 +134,18 @@ async fn bad_input_is_refused_with_a_clear_error_and_stores_nothing() {
             &["gang"],
             Some("gang"),
         ),
+        (
+            "a checkpoint signal that cannot be caught",
+            format!(r#"{{{valid},"gpus":1,"checkpointable":true,"checkpoint_signal":"SIGKILL"}}"#),
+            &["SIGKILL", "SIGTERM"],
+            Some("checkpoint_signal"),
+        ),
+        (
+            "production above its team's guarantee",
+            format!(r#"{{{valid},"gpus":5,"priority":"production"}}"#),
+            &["guarantee of 4", "never preempted", "at most 4"],
+            Some("gpus"),
+        ),
     ];
     for (what, body, needles, field) in cases {
         let e = expect_error(

@@ -772,6 +772,49 @@ impl Inner {
             .is_some_and(|c| c.conn.as_ref().is_some_and(|(id, _)| *id == conn))
     }
 
+    /// The checkpoint settings of a new workload: its priority class's,
+    /// overridden by the request. Err on an interval of 0 or a signal a
+    /// workload cannot catch.
+    fn checkpoint_of(
+        &self,
+        req: &SubmitRequest,
+        priority: &str,
+    ) -> Result<(Option<u64>, Option<String>), HubError> {
+        let class = self.policy.priority_classes.get(priority);
+        let checkpointable = req
+            .checkpointable
+            .unwrap_or_else(|| class.is_some_and(|c| c.checkpointable));
+        if req.checkpoint_interval_s == Some(0) {
+            return Err(HubError::bad(
+                "checkpoint_interval_s must be at least 1 second",
+                Some("checkpoint_interval_s"),
+            ));
+        }
+        if let Some(sig) = &req.checkpoint_signal
+            && !axle_policy::CHECKPOINT_SIGNALS.contains(&sig.as_str())
+        {
+            return Err(HubError::bad(
+                format!(
+                    "checkpoint_signal {sig:?} cannot ask a workload to save; use one of {}",
+                    axle_policy::CHECKPOINT_SIGNALS.join(", ")
+                ),
+                Some("checkpoint_signal"),
+            ));
+        }
+        if !checkpointable {
+            return Ok((None, None));
+        }
+        let interval = req.checkpoint_interval_s.unwrap_or_else(|| {
+            class.map_or(axle_policy::DEFAULT_CHECKPOINT_INTERVAL_S, |c| {
+                c.checkpoint_interval_s
+            })
+        });
+        let signal = req.checkpoint_signal.clone().unwrap_or_else(|| {
+            class.map_or_else(|| "SIGTERM".to_string(), |c| c.checkpoint_signal.clone())
+        });
+        Ok((Some(interval), Some(signal)))
+    }
+
     fn submit(
         &mut self,
         req: SubmitRequest,
@@ -816,13 +859,7 @@ impl Inner {
             .clone()
             .unwrap_or_else(|| self.policy.settings.default_priority_class.clone());
         let id = self.next_id;
-        let class = self.policy.priority_classes.get(&priority);
-        let checkpoint_interval_s = class
-            .filter(|c| c.checkpointable)
-            .map(|c| c.checkpoint_interval_s);
-        let checkpoint_signal = checkpoint_interval_s
-            .and(class)
-            .map(|c| c.checkpoint_signal.clone());
+        let (checkpoint_interval_s, checkpoint_signal) = self.checkpoint_of(&req, &priority)?;
         let w = WorkloadRecord {
             v: RECORD_VERSION,
             id,
@@ -855,6 +892,8 @@ impl Inner {
             preemptions: 0,
             stopping: None,
             history: Vec::new(),
+            preemption_log: Vec::new(),
+            lost_gpu_ms: 0,
         };
         let spec = spec_of(&w);
         if let Err(e) = self.state.submit(spec) {
@@ -1507,6 +1546,9 @@ impl Inner {
                     .collect(),
                 grace_period_s: grace_of(&self.policy, &w.priority),
                 max_runtime_s: w.max_runtime_s.unwrap_or(0),
+                checkpoint_signal: w.checkpoint_signal.clone().unwrap_or_default(),
+                // Epochs count placements from 1.
+                restart_count: u32::try_from(w.epoch.saturating_sub(1)).unwrap_or(u32::MAX),
             })),
         }
     }
@@ -1535,6 +1577,11 @@ impl Inner {
         }
         for p in &d.preemptions {
             let id = p.workload;
+            let by = self
+                .workloads
+                .get(&p.for_workload)
+                .map(|f| (f.team.clone(), f.priority.clone()))
+                .unwrap_or_default();
             // Its GPUs now belong to the preemptor; it waits for the stop to
             // be confirmed before it may run again.
             self.state.remove(id);
@@ -1547,6 +1594,18 @@ impl Inner {
             let reason = format!("preempted for workload {}: {}", p.for_workload, p.reason);
             transition(w, WEvent::Preempt, now, reason.clone());
             w.preemptions += 1;
+            w.lost_gpu_ms = w.lost_gpu_ms.saturating_add(p.lost_gpu_ms);
+            if w.preemption_log.len() >= MAX_HISTORY {
+                w.preemption_log.remove(0);
+            }
+            w.preemption_log.push(PreemptionRecord {
+                at_ms: now,
+                by_workload: p.for_workload,
+                by_team: by.0,
+                by_priority: by.1,
+                reason: p.reason.to_string(),
+                lost_gpu_ms: p.lost_gpu_ms,
+            });
             let stopping = StoppingRecord {
                 cluster: pl.cluster.clone(),
                 epoch: w.epoch,

@@ -109,6 +109,25 @@ pub struct WorkloadRecord {
     /// so two copies never run at once.
     pub stopping: Option<StoppingRecord>,
     pub history: Vec<TransitionRecord>,
+    /// The last [`MAX_HISTORY`] preemptions (absent in records written
+    /// before they were kept).
+    #[serde(default)]
+    pub preemption_log: Vec<PreemptionRecord>,
+    /// Work lost to every preemption, GPU-milliseconds.
+    #[serde(default)]
+    pub lost_gpu_ms: u64,
+}
+
+/// One preemption of a workload, for `axle describe`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PreemptionRecord {
+    pub at_ms: u64,
+    pub by_workload: u64,
+    pub by_team: String,
+    pub by_priority: String,
+    pub reason: String,
+    /// GPU-milliseconds of work lost (the scheduler's estimate).
+    pub lost_gpu_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -54,6 +54,21 @@ pub fn workload(w: &WorkloadRecord, reason: Option<&String>) -> api::WorkloadVie
         finished_at_ms: w.finished_at_ms,
         exit_code: w.exit_code,
         preemptions: w.preemptions,
+        checkpointable: w.checkpoint_interval_s.is_some(),
+        checkpoint_interval_s: w.checkpoint_interval_s,
+        preemption_log: w
+            .preemption_log
+            .iter()
+            .map(|p| api::PreemptionView {
+                at_ms: p.at_ms,
+                by_workload: p.by_workload,
+                by_team: p.by_team.clone(),
+                by_priority: p.by_priority.clone(),
+                reason: p.reason.clone(),
+                lost_gpu_hours: p.lost_gpu_ms as f64 / 3.6e6,
+            })
+            .collect(),
+        lost_gpu_hours: w.lost_gpu_ms as f64 / 3.6e6,
         history: w
             .history
             .iter()
@@ -145,5 +160,8 @@ pub fn submit_from_pb(r: pb::SubmitRequest) -> api::SubmitRequest {
         } else {
             Some(r.max_runtime_s)
         },
+        checkpointable: r.checkpointable,
+        checkpoint_interval_s: (r.checkpoint_interval_s > 0).then_some(r.checkpoint_interval_s),
+        checkpoint_signal: opt(r.checkpoint_signal),
     }
 }

@@ -429,6 +429,8 @@ pub fn assign(
             .collect(),
         grace_period_s,
         max_runtime_s: 0,
+        checkpoint_signal: String::new(),
+        restart_count: epoch.saturating_sub(1) as u32,
     }
 }
 
