@@ -341,6 +341,7 @@ pub(crate) mod tests {
             ],
             state: "Pending".into(),
             pending_reason: None,
+            pending_detail: None,
             cluster: None,
             replicas: vec![],
             epoch: 0,

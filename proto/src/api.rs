@@ -107,8 +107,12 @@ pub struct WorkloadView {
     pub gpu_model: Option<String>,
     pub command: Vec<String>,
     pub state: String,
-    /// Why it waits, while Pending.
+    /// Why it waits, while Pending: what blocks it and a way out.
     pub pending_reason: Option<String>,
+    /// The same as fields (`kind`, the numbers, who holds the capacity, its
+    /// place in line, an estimated start), while Pending.
+    #[serde(default)]
+    pub pending_detail: Option<serde_json::Value>,
     pub cluster: Option<String>,
     pub replicas: Vec<ReplicaView>,
     /// Assignment epoch (fencing token); bumps on every placement.

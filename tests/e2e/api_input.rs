@@ -141,6 +141,12 @@ async fn bad_input_is_refused_with_a_clear_error_and_stores_nothing() {
             Some("checkpoint_signal"),
         ),
         (
+            "a region no cluster is in",
+            format!(r#"{{{valid},"gpus":1,"regions":["mars"]}}"#),
+            &["mars", "known regions: eu-west"],
+            Some("regions"),
+        ),
+        (
             "production above its team's guarantee",
             format!(r#"{{{valid},"gpus":5,"priority":"production"}}"#),
             &["guarantee of 4", "never preempted", "at most 4"],

@@ -60,6 +60,10 @@ pub(crate) struct Catalog {
     /// workload when it restarted before its spokes reconnected, and cancel
     /// pending ones whose only cluster was briefly disconnected.)
     pub largest_node: Vec<u32>,
+    /// GPUs of each model in each cluster: `[cluster][model]`.
+    pub cluster_model_gpus: Vec<Vec<u32>>,
+    /// Every region a cluster is in, for checking requests.
+    pub regions: BTreeSet<String>,
     /// `crossTeamPreemption: borrowedOnly`: another team's work is taken
     /// only from what that team borrows, and work that is never preempted
     /// runs only within its own team's guarantee.
@@ -132,10 +136,15 @@ impl Catalog {
             .collect();
 
         let mut largest_node = vec![0u32; models.len()];
-        for c in &inventory.clusters {
+        let mut cluster_model_gpus = vec![vec![0u32; models.len()]; inventory.clusters.len()];
+        let mut regions = BTreeSet::new();
+        for (ci, c) in inventory.clusters.iter().enumerate() {
+            regions.insert(c.region.clone());
             for n in &c.nodes {
-                let l = &mut largest_node[model_index[&n.gpu_model] as usize];
+                let m = model_index[&n.gpu_model] as usize;
+                let l = &mut largest_node[m];
                 *l = (*l).max(n.gpu_count);
+                cluster_model_gpus[ci][m] += n.gpu_count;
             }
         }
         Catalog {
@@ -149,6 +158,8 @@ impl Catalog {
             models,
             model_index,
             largest_node,
+            cluster_model_gpus,
+            regions,
         }
     }
 }

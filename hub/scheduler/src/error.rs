@@ -31,6 +31,8 @@ pub enum RequestError {
         model: String,
         largest: u32,
     },
+    #[error("no cluster is in region {region:?}; known regions: {known}")]
+    UnknownRegion { region: String, known: String },
     #[error("no cluster has {model} GPUs; known models: {known}")]
     UnknownGpuModel { model: String, known: String },
     #[error("team {team} has no quota for {model} GPUs")]

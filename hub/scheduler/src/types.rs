@@ -194,7 +194,34 @@ pub struct BurstWanted {
     pub waited_ms: u64,
 }
 
-/// Why a workload is still waiting, in words a person understands.
+/// GPUs one team holds where a waiting request could run, and on what terms.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Holding {
+    pub team: String,
+    pub gpus: Milli,
+    /// The team runs above its guarantee in that quota class: what it holds
+    /// there is (in part) borrowed.
+    pub borrowing: bool,
+    /// The waiting request may preempt some of it (by priority, or to
+    /// reclaim its own guarantee).
+    pub preemptible_by_it: bool,
+}
+
+/// The capacity a waiting request could use: where, how much, who holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapacityDetail {
+    /// A cluster name, or `N clusters` when several could hold it.
+    pub scope: String,
+    /// GPU models (`A100`, `H100|A100`).
+    pub gpu_model: String,
+    pub total: Milli,
+    pub free: Milli,
+    /// Largest holders first.
+    pub holders: Vec<Holding>,
+}
+
+/// Why a workload is still waiting, in words a person understands (each
+/// says what blocks it and a way out), with the numbers as fields.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum PendingReason {
@@ -229,11 +256,89 @@ pub enum PendingReason {
         largest_free: Milli,
         largest_free_at: Option<String>,
         idle_only: bool,
+        /// The requesting team.
+        team: String,
+        /// Placing it would take its team above its guarantee: it may use
+        /// idle GPUs, and preempt only by priority.
+        borrowing: bool,
+        /// Its team's guarantee in that quota class.
+        guaranteed: Milli,
+        /// Who holds the GPUs it could use.
+        capacity: Option<CapacityDetail>,
+        /// Its team's own running lower-priority work it may preempt.
+        own_preemptible: Milli,
+        /// 1-based position among the waiting requests of the same shape and
+        /// priority, in the order the scheduler serves them.
+        queue_position: Option<u32>,
+        /// When enough capacity frees at the earliest, if running work that
+        /// holds it carries a max runtime (caller's clock, ms).
+        estimated_start_ms: Option<u64>,
+        /// The same, from the cycle's `now`.
+        estimated_wait_ms: Option<u64>,
     },
     /// Left for the next cycle because this cycle's preemption budget is spent.
     PreemptionDeferred,
     /// Not evaluated in detail this cycle (the simulator's fast path).
     NotEvaluated,
+}
+
+/// `90 s`, `12 min`, `3.5 h`, `2.0 d`.
+fn fmt_wait(ms: u64) -> String {
+    let s = ms / 1000;
+    if s < 120 {
+        format!("{s} s")
+    } else if s < 2 * 3600 {
+        format!("{} min", s / 60)
+    } else if s < 2 * 86_400 {
+        format!("{:.1} h", s as f64 / 3600.0)
+    } else {
+        format!("{:.1} d", s as f64 / 86_400.0)
+    }
+}
+
+fn ordinal(n: u32) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (1, 11) | (2, 12) | (3, 13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+impl fmt::Display for CapacityDetail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verb = if self.scope.ends_with(" clusters") {
+            "have"
+        } else {
+            "has"
+        };
+        write!(f, "{} {verb} {} {}", self.scope, self.total, self.gpu_model)?;
+        let mut parts: Vec<String> = self
+            .holders
+            .iter()
+            .map(|h| {
+                format!(
+                    "{} held by {} {}",
+                    h.gpus,
+                    h.team,
+                    if h.borrowing {
+                        "above its guarantee"
+                    } else {
+                        "within its guarantee"
+                    }
+                )
+            })
+            .collect();
+        let held: Milli = self.holders.iter().map(|h| h.gpus).sum();
+        let placing = self.total.saturating_sub(held + self.free);
+        if placing > Milli::ZERO {
+            parts.push(format!("{placing} being placed now"));
+        }
+        parts.push(format!("{} free", self.free));
+        write!(f, ": {}", parts.join(", "))
+    }
 }
 
 impl fmt::Display for PendingReason {
@@ -246,40 +351,51 @@ impl fmt::Display for PendingReason {
                 used,
                 requested,
                 within_guarantee_only,
-                own_preemptible: _,
+                own_preemptible,
             } => {
                 if *within_guarantee_only {
                     write!(
                         f,
-                        "team {team} is at its guarantee of {limit} {gpu_class}, which bounds work that is never preempted ({used} in use, this needs {requested} more)"
-                    )
+                        "team {team} is at its guarantee of {limit} {gpu_class} GPUs ({used} in use, this needs {requested} more), and work that is never preempted runs only within it; it starts when the team's work there ends, or submit it in a preemptible class to borrow idle GPUs"
+                    )?;
                 } else {
                     write!(
                         f,
-                        "team {team} is at its limit of {limit} {gpu_class} ({used} in use, this needs {requested} more)"
-                    )
+                        "team {team} is at its limit of {limit} {gpu_class} GPUs ({used} in use, this needs {requested} more); it starts when the team's work there ends, or ask the platform team to raise the limit"
+                    )?;
                 }
+                if *own_preemptible > Milli::ZERO {
+                    write!(
+                        f,
+                        " (its lower priority work this class may preempt holds only {own_preemptible} GPUs)"
+                    )?;
+                }
+                Ok(())
             }
             PendingReason::NoQuotaForModel { team, gpu_model } => write!(
                 f,
-                "team {team} has no quota for {gpu_model} GPUs (no {gpu_model} or any entry in its quotas)"
+                "team {team} has no quota for {gpu_model} GPUs (no {gpu_model} or any entry in its quotas); ask the platform team for one, or ask for a GPU model the team has quota for"
             ),
             PendingReason::NoMatchingCluster { gpu_model, regions } => {
                 let model = gpu_model.as_deref().unwrap_or("GPU");
                 if regions.is_empty() {
-                    write!(f, "no schedulable cluster has {model} GPUs")
+                    write!(f, "no schedulable cluster has {model} GPUs")?;
                 } else {
                     write!(
                         f,
                         "no schedulable cluster in region {} has {model} GPUs",
                         regions.join("|")
-                    )
+                    )?;
                 }
+                write!(
+                    f,
+                    "; it starts when such a cluster's spoke connects, or drop the GPU model or region"
+                )
             }
             PendingReason::NeverFits { need, largest } => {
                 write!(
                     f,
-                    "needs {need}; the largest is {largest}, so this can never fit"
+                    "needs {need}; the largest is {largest}, so this can never fit; ask for fewer GPUs, or allow spreading across nodes"
                 )
             }
             PendingReason::NoFreeCapacity {
@@ -287,8 +403,19 @@ impl fmt::Display for PendingReason {
                 largest_free,
                 largest_free_at,
                 idle_only,
+                team,
+                borrowing,
+                guaranteed,
+                capacity,
+                own_preemptible,
+                queue_position,
+                estimated_start_ms: _,
+                estimated_wait_ms,
             } => {
-                write!(f, "needs {need}; the largest free block is {largest_free}")?;
+                write!(
+                    f,
+                    "needs {need}; the largest free block is {largest_free} GPUs"
+                )?;
                 if let Some(at) = largest_free_at {
                     write!(f, " ({at})")?;
                 }
@@ -298,11 +425,44 @@ impl fmt::Display for PendingReason {
                         "; this class runs only on idle capacity and never preempts"
                     )?;
                 }
-                Ok(())
+                if let Some(c) = capacity {
+                    write!(f, ". {c}")?;
+                }
+                if *borrowing {
+                    write!(
+                        f,
+                        "; {team} is past its guarantee of {guaranteed} here, so it may borrow only idle GPUs (and preempt lower priority work of teams that borrow)"
+                    )?;
+                } else if !*idle_only {
+                    write!(
+                        f,
+                        "; {team} is within its guarantee of {guaranteed}, but no GPUs it may reclaim would make room"
+                    )?;
+                }
+                if *own_preemptible > Milli::ZERO {
+                    write!(
+                        f,
+                        "; its own lower priority work holds {own_preemptible} GPUs it may preempt, not where this fits"
+                    )?;
+                }
+                if let Some(p) = queue_position {
+                    write!(f, "; {} in line for this shape", ordinal(*p))?;
+                }
+                match estimated_wait_ms {
+                    Some(w) => write!(
+                        f,
+                        "; estimated start in {} (when the work holding the GPUs reaches its max runtime, if nothing ahead takes them)",
+                        fmt_wait(*w)
+                    ),
+                    None => write!(
+                        f,
+                        "; no estimate (the work holding the GPUs has no max runtime)"
+                    ),
+                }
             }
             PendingReason::PreemptionDeferred => write!(
                 f,
-                "needs GPUs held by preemptible work; preemption is deferred to the next cycle"
+                "needs GPUs held by preemptible work; preemption is deferred to the next cycle (within a second)"
             ),
             PendingReason::NotEvaluated => write!(f, "queued; not evaluated in detail this cycle"),
         }

@@ -32,6 +32,14 @@ pub(crate) fn validate(
             known: join(state.class_index.keys()),
         });
     }
+    for r in spec.regions.iter().filter(|_| admission) {
+        if !state.regions.contains(r) {
+            return Err(RequestError::UnknownRegion {
+                region: r.clone(),
+                known: join(state.regions.iter()),
+            });
+        }
+    }
     if spec.gpus_per_replica.0 == 0 {
         return Err(RequestError::ZeroGpus);
     }

@@ -125,6 +125,8 @@ struct WorkloadDef {
     /// Checkpoints every this many seconds (overrides the class).
     #[serde(default)]
     checkpoint_interval_s: Option<u64>,
+    #[serde(default)]
+    max_runtime_s: Option<u64>,
     /// Running workloads: when they started, and where.
     #[serde(default)]
     start_ms: u64,
@@ -266,6 +268,7 @@ fn spec_of(policy: &Policy, id: WorkloadId, w: &WorkloadDef) -> WorkloadSpec {
     s.gpu_model = w.model.clone();
     s.regions = w.regions.clone();
     s.allow_spread = w.spread;
+    s.max_runtime_s = w.max_runtime_s;
     s.checkpoint_interval_s = w.checkpoint_interval_s.or_else(|| {
         policy
             .priority_classes

@@ -157,7 +157,7 @@ pub struct Inner {
     state: State,
     clusters: BTreeMap<String, ClusterEntry>,
     pub workloads: BTreeMap<u64, WorkloadRecord>,
-    pub reasons: BTreeMap<u64, String>,
+    pub reasons: BTreeMap<u64, axle_scheduler::PendingReason>,
     idem: BTreeMap<(String, String), u64>,
     next_id: u64,
     next_event: u64,
@@ -909,6 +909,7 @@ impl Inner {
                 | R::AboveGuarantee { .. } => Some("gpus"),
                 R::ZeroReplicas | R::GangTooLarge { .. } => Some("gang"),
                 R::UnknownGpuModel { .. } | R::NoQuota { .. } => Some("gpu_model"),
+                R::UnknownRegion { .. } => Some("regions"),
                 _ => None,
             };
             return Err(HubError::bad(e.to_string(), field));
@@ -1675,7 +1676,7 @@ impl Inner {
             );
         }
         for (id, reason) in d.pending {
-            self.reasons.insert(id, reason.to_string());
+            self.reasons.insert(id, reason);
         }
         for b in d.burst_wanted {
             if self.burst_noted.insert(b.workload) {

@@ -7,21 +7,30 @@ use axle_proto::{api, pb};
 use crate::lifecycle::WState;
 use crate::records::{EventRecord, WorkloadRecord};
 
-pub fn workload(w: &WorkloadRecord, reason: Option<&String>) -> api::WorkloadView {
+pub fn workload(
+    w: &WorkloadRecord,
+    reason: Option<&axle_scheduler::PendingReason>,
+) -> api::WorkloadView {
     let pending_reason = if w.state == WState::Pending {
         match (&w.stopping, reason) {
             (Some(s), _) => Some(format!(
                 "preempted; waiting for its stop on {} to be confirmed before it is re-queued",
                 s.cluster
             )),
-            (None, Some(r)) => Some(r.clone()),
+            (None, Some(r)) => Some(r.to_string()),
             (None, None) => Some("queued; the next scheduling cycle evaluates it".to_string()),
         }
     } else {
         None
     };
+    // The reason's numbers, for scripts (`-o json`).
+    let pending_detail = match (w.state, &w.stopping, reason) {
+        (WState::Pending, None, Some(r)) => serde_json::to_value(r).ok(),
+        _ => None,
+    };
     api::WorkloadView {
         id: w.id,
+        pending_detail,
         name: w.name.clone(),
         team: w.team.clone(),
         priority: w.priority.clone(),

@@ -1,90 +1,90 @@
-//! Pending reasons: why a request found no room, in words and numbers.
+//! Pending reasons: why a request found no room, in words and numbers —
+//! the blocker (the largest free block; who holds the capacity and on what
+//! terms) and a way out (its place in line, an estimated start from the max
+//! runtimes of the work in the way).
+
+use std::collections::BTreeMap;
 
 use axle_policy::{MILLI_PER_GPU, Milli};
 
 use super::quota::ModelChoice;
 use super::work::Work;
-use crate::types::{PendingReason, WorkloadSpec};
+use crate::state::GpuFree;
+use crate::types::{CapacityDetail, Holding, PendingReason, WorkloadSpec};
+
+/// Running workloads an estimated start walks through, soonest end first:
+/// the estimate is one pass over them with a fit check each; 256 covers a
+/// full cluster of notebooks and keeps an explained cycle's cost bounded.
+pub const MAX_ESTIMATE_STEPS: usize = 256;
 
 impl<'s> Work<'s> {
-    /// The reason a request found no room, with the largest free block.
-    pub(super) fn explain_capacity(
+    /// `Some(reason)` when no allowed cluster has the model, or none is big
+    /// enough even when empty. Cheap: sizes come from the catalog.
+    pub(super) fn never_fits(
         &self,
         spec: &WorkloadSpec,
         choices: &[ModelChoice],
-        idle_only: bool,
-    ) -> PendingReason {
-        let models: Vec<(u16, u16)> = choices.iter().map(|c| (c.model, c.slot)).collect();
-        let models = models.as_slice();
-        let single = spec.replicas == 1 && !spec.allow_spread;
-        let g = spec.gpus_per_replica;
-        let model_names: Vec<&str> = models
-            .iter()
-            .map(|&(m, _)| self.s.cat.models[m as usize].as_str())
-            .collect();
-        let model_txt = model_names.join("|");
-        let any_cluster = (0..self.s.clusters.len() as u32).any(|c| {
-            self.cluster_ok(spec, c)
-                && self.s.clusters[c as usize].nodes.iter().any(|&n| {
-                    models
-                        .iter()
-                        .any(|&(m, _)| self.s.nodes[n as usize].model == m)
-                })
-        });
+    ) -> Option<PendingReason> {
+        let cat = &self.s.cat;
+        let mut any_cluster = false;
+        let mut biggest_cluster = 0u64;
+        for c in 0..self.s.clusters.len() as u32 {
+            if !self.cluster_ok(spec, c) {
+                continue;
+            }
+            let size: u64 = choices
+                .iter()
+                .map(|ch| u64::from(cat.cluster_model_gpus[c as usize][ch.model as usize]))
+                .sum();
+            any_cluster |= size > 0;
+            biggest_cluster = biggest_cluster.max(size);
+        }
         if !any_cluster {
-            return PendingReason::NoMatchingCluster {
+            return Some(PendingReason::NoMatchingCluster {
                 gpu_model: spec.gpu_model.clone(),
                 regions: spec.regions.clone(),
-            };
+            });
         }
-        if single {
-            let need = if g.0 < MILLI_PER_GPU {
-                format!("{g} of one {model_txt} GPU")
-            } else {
-                format!("{g} {model_txt} on one node")
-            };
-            let largest_node = models
+        let g = spec.gpus_per_replica;
+        if spec.replicas == 1 && !spec.allow_spread {
+            let largest_node = choices
                 .iter()
-                .map(|&(m, _)| self.s.cat.largest_node[m as usize])
+                .map(|c| cat.largest_node[c.model as usize])
                 .max()
                 .unwrap_or(0);
             if g.whole_gpus() > u64::from(largest_node) {
-                return PendingReason::NeverFits {
-                    need,
-                    largest: format!("a node of {largest_node}"),
-                };
+                return Some(PendingReason::NeverFits {
+                    need: self.need_text(spec, choices),
+                    largest: format!("a node of {largest_node} GPUs"),
+                });
             }
-            // Largest free block on an allowed node.
-            let mut best: (Milli, Option<String>) = (Milli::ZERO, None);
-            for &(m, _) in models {
-                for &(_, gpu) in self.partial[m as usize].iter().rev() {
-                    let node = self.s.gpu_node[gpu as usize];
-                    if self.node_ok(spec, node) {
-                        let f = Milli(u64::from(self.gpu_free[gpu as usize]));
-                        if f > best.0 {
-                            best = (f, Some(self.where_node(node)));
-                        }
-                        break;
-                    }
-                }
-                for &(full, node) in self.whole[m as usize].iter().rev() {
-                    if self.node_ok(spec, node) {
-                        let f = Milli::gpus(u64::from(full));
-                        if f > best.0 {
-                            best = (f, Some(self.where_node(node)));
-                        }
-                        break;
-                    }
-                }
-            }
-            return PendingReason::NoFreeCapacity {
-                need,
-                largest_free: best.0,
-                largest_free_at: best.1,
-                idle_only,
-            };
+        } else if spec.total_gpus().0 > biggest_cluster * MILLI_PER_GPU {
+            return Some(PendingReason::NeverFits {
+                need: self.need_text(spec, choices),
+                largest: format!("a cluster of {biggest_cluster} GPUs"),
+            });
         }
-        let need = if spec.replicas > 1 {
+        None
+    }
+
+    fn model_text(&self, choices: &[ModelChoice]) -> String {
+        let names: Vec<&str> = choices
+            .iter()
+            .map(|c| self.s.cat.models[c.model as usize].as_str())
+            .collect();
+        names.join("|")
+    }
+
+    fn need_text(&self, spec: &WorkloadSpec, choices: &[ModelChoice]) -> String {
+        let g = spec.gpus_per_replica;
+        let model_txt = self.model_text(choices);
+        if spec.replicas == 1 && !spec.allow_spread {
+            if g.0 < MILLI_PER_GPU {
+                format!("{g} of one {model_txt} GPU")
+            } else {
+                format!("{g} {model_txt} on one node")
+            }
+        } else if spec.replicas > 1 {
             format!(
                 "a gang of {}×{g} {model_txt} in one cluster{}",
                 spec.replicas,
@@ -96,40 +96,197 @@ impl<'s> Work<'s> {
             )
         } else {
             format!("{g} {model_txt} in one cluster")
-        };
-        let mut best: (u32, Option<String>) = (0, None);
-        let mut biggest_cluster = 0u64;
-        for c in 0..self.s.clusters.len() as u32 {
-            if !self.cluster_ok(spec, c) {
-                continue;
-            }
-            let mut size = 0u64;
-            for &(m, _) in models {
-                let full = self.cluster_full[c as usize][m as usize];
-                if full > best.0 {
-                    best = (full, Some(self.s.clusters[c as usize].name.clone()));
+        }
+    }
+
+    /// The full reason a request found no room: the largest free block,
+    /// who holds the capacity, the team's standing, and an estimated start.
+    pub(super) fn explain_capacity(
+        &self,
+        spec: &WorkloadSpec,
+        team: u32,
+        class: u16,
+        choices: &[ModelChoice],
+    ) -> PendingReason {
+        if let Some(r) = self.never_fits(spec, choices) {
+            return r;
+        }
+        let single = spec.replicas == 1 && !spec.allow_spread;
+        let (largest_free, largest_free_at) = if single {
+            // Largest free block on an allowed node.
+            let mut best: (Milli, Option<String>) = (Milli::ZERO, None);
+            for c in choices {
+                let m = c.model as usize;
+                for &(_, gpu) in self.partial[m].iter().rev() {
+                    let node = self.s.gpu_node[gpu as usize];
+                    if self.node_ok(spec, node) {
+                        let f = Milli(u64::from(self.gpu_free[gpu as usize]));
+                        if f > best.0 {
+                            best = (f, Some(self.where_node(node)));
+                        }
+                        break;
+                    }
                 }
-                size += self.s.clusters[c as usize]
+                for &(full, node) in self.whole[m].iter().rev() {
+                    if self.node_ok(spec, node) {
+                        let f = Milli::gpus(u64::from(full));
+                        if f > best.0 {
+                            best = (f, Some(self.where_node(node)));
+                        }
+                        break;
+                    }
+                }
+            }
+            best
+        } else {
+            let mut best: (u32, Option<String>) = (0, None);
+            for c in 0..self.s.clusters.len() as u32 {
+                if !self.cluster_ok(spec, c) {
+                    continue;
+                }
+                for ch in choices {
+                    let full = self.cluster_full[c as usize][ch.model as usize];
+                    if full > best.0 {
+                        best = (full, Some(self.s.clusters[c as usize].name.clone()));
+                    }
+                }
+            }
+            (Milli::gpus(u64::from(best.0)), best.1)
+        };
+        let info = &self.s.cat.teams[team as usize];
+        // The team's standing in the quota class of its first allowed model.
+        let slot = choices[0].slot;
+        let guaranteed = info.slots[slot as usize].1;
+        let borrowing = self.usage[team as usize][slot as usize] + spec.total_gpus() > guaranteed;
+        let own_preemptible = self.own_preemptible(team, slot, class);
+        let (capacity, estimate) = self.capacity_detail(spec, team, class, choices, !borrowing);
+        PendingReason::NoFreeCapacity {
+            need: self.need_text(spec, choices),
+            largest_free,
+            largest_free_at,
+            idle_only: self.s.cat.classes[class as usize].idle_only,
+            team: info.name.clone(),
+            borrowing,
+            guaranteed,
+            capacity,
+            own_preemptible,
+            queue_position: None,
+            estimated_start_ms: estimate,
+            estimated_wait_ms: estimate.map(|t| t.saturating_sub(self.now_ms)),
+        }
+    }
+
+    /// Who holds the GPUs the request could use (allowed clusters and
+    /// models), and the earliest time enough of them free up if the work
+    /// holding them ends at its max runtime.
+    fn capacity_detail(
+        &self,
+        spec: &WorkloadSpec,
+        team: u32,
+        class: u16,
+        choices: &[ModelChoice],
+        reclaim: bool,
+    ) -> (Option<CapacityDetail>, Option<u64>) {
+        let single = spec.replicas == 1 && !spec.allow_spread;
+        let models: Vec<u16> = choices.iter().map(|c| c.model).collect();
+        let clusters: Vec<u32> = (0..self.s.clusters.len() as u32)
+            .filter(|&c| {
+                self.cluster_ok(spec, c)
+                    && models
+                        .iter()
+                        .any(|&m| self.s.cat.cluster_model_gpus[c as usize][m as usize] > 0)
+            })
+            .collect();
+        let mut total = 0u64;
+        let mut free = 0u64;
+        let mut held: BTreeMap<u32, (Milli, bool)> = BTreeMap::new();
+        // Running work in the way with a known end: (end ms, workload).
+        let mut ending: Vec<(u64, u64)> = Vec::new();
+        for &c in &clusters {
+            for &n in &self.s.clusters[c as usize].nodes {
+                let node = &self.s.nodes[n as usize];
+                if !models.contains(&node.model) {
+                    continue;
+                }
+                total += u64::from(node.gpu_count) * MILLI_PER_GPU;
+                free += (node.first_gpu..node.first_gpu + node.gpu_count)
+                    .map(|g| u64::from(self.gpu_free[g as usize]))
+                    .sum::<u64>();
+                for &v in &self.s.node_running[n as usize] {
+                    let r = &self.s.running[&v];
+                    let on_node: u64 = r
+                        .gpus
+                        .iter()
+                        .filter(|(g, _)| self.s.gpu_node[*g as usize] == n)
+                        .map(|&(_, m)| u64::from(m))
+                        .sum();
+                    let e = held.entry(r.team).or_insert((Milli::ZERO, false));
+                    e.0 += Milli(on_node);
+                    e.1 |= self.eligible(team, class, reclaim, r).is_some();
+                    if let Some(max_s) = r.spec.max_runtime_s {
+                        let end = r.start_time_ms.saturating_add(max_s.saturating_mul(1000));
+                        ending.push((end.max(self.now_ms), v));
+                    }
+                }
+            }
+        }
+        if clusters.is_empty() {
+            return (None, None);
+        }
+        let mut holders: Vec<Holding> = held
+            .into_iter()
+            .map(|(t, (gpus, preemptible_by_it))| Holding {
+                team: self.s.cat.teams[t as usize].name.clone(),
+                gpus,
+                borrowing: (0..self.s.cat.teams[t as usize].slots.len())
+                    .any(|i| self.is_borrower(t, i as u16, Milli::ZERO)),
+                preemptible_by_it,
+            })
+            .collect();
+        holders.sort_by(|a, b| b.gpus.cmp(&a.gpus).then_with(|| a.team.cmp(&b.team)));
+        let scope = match clusters.as_slice() {
+            [one] => self.s.clusters[*one as usize].name.clone(),
+            many => format!("{} clusters", many.len()),
+        };
+        let detail = CapacityDetail {
+            scope,
+            gpu_model: self.model_text(choices),
+            total: Milli(total),
+            free: Milli(free),
+            holders,
+        };
+        // Estimated start: free the work in the way in order of its end,
+        // until the request fits somewhere.
+        ending.sort_unstable();
+        ending.dedup_by_key(|e| e.1);
+        let mut overlay: BTreeMap<u32, GpuFree> = BTreeMap::new();
+        let mut estimate = None;
+        'ends: for &(end, v) in ending.iter().take(MAX_ESTIMATE_STEPS) {
+            let r = &self.s.running[&v];
+            for &(g, m) in &r.gpus {
+                *overlay.entry(g).or_insert(self.gpu_free[g as usize]) += m;
+            }
+            let cluster = r.allocation.cluster;
+            for c in choices {
+                let nodes: Vec<u32> = self.s.clusters[cluster as usize]
                     .nodes
                     .iter()
-                    .filter(|&&n| self.s.nodes[n as usize].model == m)
-                    .map(|&n| u64::from(self.s.nodes[n as usize].gpu_count))
-                    .sum::<u64>();
+                    .copied()
+                    .filter(|&n| self.s.nodes[n as usize].model == c.model)
+                    .filter(|&n| {
+                        !single
+                            || r.gpus
+                                .iter()
+                                .any(|(g, _)| self.s.gpu_node[*g as usize] == n)
+                    })
+                    .collect();
+                if !nodes.is_empty() && self.fits_in(spec, c.model, cluster, &nodes, &overlay) {
+                    estimate = Some(end);
+                    break 'ends;
+                }
             }
-            biggest_cluster = biggest_cluster.max(size);
         }
-        if spec.total_gpus().0 > biggest_cluster * MILLI_PER_GPU {
-            return PendingReason::NeverFits {
-                need,
-                largest: format!("a cluster of {biggest_cluster} GPUs"),
-            };
-        }
-        PendingReason::NoFreeCapacity {
-            need,
-            largest_free: Milli::gpus(u64::from(best.0)),
-            largest_free_at: best.1,
-            idle_only,
-        }
+        (Some(detail), estimate)
     }
 
     pub(super) fn where_node(&self, node: u32) -> String {

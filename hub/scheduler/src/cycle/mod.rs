@@ -81,6 +81,9 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
     let mut out = Decisions::default();
     let mut failed: BTreeMap<ShapeKey<'_>, PendingReason> = BTreeMap::new();
     let mut searches_left = opts.max_preemption_searches;
+    // Requests of each shape (at each priority) left waiting so far, in the
+    // order served: a waiting request's place in line.
+    let mut in_line: BTreeMap<ShapeKey<'_>, u32> = BTreeMap::new();
 
     // Group queues into levels of equal (priority value, class).
     let mut levels: Vec<(u16, Vec<LevelQueue<'_>>)> = Vec::new();
@@ -127,7 +130,23 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                 &mut searches_left,
                 &mut out,
             );
-            if let Err(reason) = result {
+            if let Err(mut reason) = result {
+                if opts.explain {
+                    let shape = ShapeKey {
+                        team: 0,
+                        class,
+                        model: spec.gpu_model.as_deref(),
+                        gpus: spec.gpus_per_replica,
+                        replicas: spec.replicas,
+                        spread: spec.allow_spread,
+                        regions: &spec.regions,
+                    };
+                    let n = in_line.entry(shape).or_insert(0);
+                    *n += 1;
+                    if let PendingReason::NoFreeCapacity { queue_position, .. } = &mut reason {
+                        *queue_position = Some(*n);
+                    }
+                }
                 maybe_burst(
                     state,
                     opts,
@@ -202,11 +221,15 @@ impl<'s> Work<'s> {
                 return Ok(());
             }
         }
+        if let Some(r) = self.never_fits(spec, &choices) {
+            failed.insert(key, r.clone());
+            return Err(r);
+        }
         let class_info = &state.cat.classes[class as usize];
-        let mut reason = self.explain_capacity(spec, &choices, class_info.idle_only);
-        if !class_info.idle_only && !matches!(reason, PendingReason::NeverFits { .. }) {
+        let mut reason = None;
+        if !class_info.idle_only {
             if *searches_left == 0 {
-                reason = PendingReason::PreemptionDeferred;
+                reason = Some(PendingReason::PreemptionDeferred);
             } else {
                 *searches_left -= 1;
                 if let Some(plan) = self.find_victims(spec, team, class, &choices) {
@@ -254,6 +277,13 @@ impl<'s> Work<'s> {
                 }
             }
         }
+        let reason = reason.unwrap_or_else(|| {
+            if self.explain {
+                self.explain_capacity(spec, team, class, &choices)
+            } else {
+                PendingReason::NotEvaluated
+            }
+        });
         failed.insert(key, reason.clone());
         Err(reason)
     }

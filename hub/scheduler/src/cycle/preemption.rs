@@ -111,7 +111,13 @@ impl<'s> Work<'s> {
 
     /// May `r` be preempted for a request of `team` and `class`, before
     /// counting what else is taken from its team? `Some(by_priority)`.
-    fn eligible(&self, team: u32, class: u16, reclaim: bool, r: &RunningWorkload) -> Option<bool> {
+    pub(super) fn eligible(
+        &self,
+        team: u32,
+        class: u16,
+        reclaim: bool,
+        r: &RunningWorkload,
+    ) -> Option<bool> {
         let vc = &self.s.cat.classes[r.class as usize];
         if !vc.is_preemptible() {
             return None; // production is never preempted
