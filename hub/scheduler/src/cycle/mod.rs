@@ -174,7 +174,8 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
 
 impl<'s> Work<'s> {
     /// Schedules one workload: place directly, else preempt, else explain.
-    #[allow(clippy::too_many_arguments)]
+    // See `allowed_models` on the size of the reason.
+    #[allow(clippy::too_many_arguments, clippy::result_large_err)]
     pub(super) fn schedule_one(
         &mut self,
         state: &State,

@@ -49,6 +49,9 @@ impl<'s> Work<'s> {
     /// Models this request may use, each with the quota slot it is charged
     /// to and the deficit its own team's work must free. Err: the reason
     /// none is allowed.
+    // A reason is built once per failed request shape and kept; boxing it
+    // would only move that one allocation.
+    #[allow(clippy::result_large_err)]
     pub(super) fn allowed_models(
         &self,
         spec: &WorkloadSpec,
