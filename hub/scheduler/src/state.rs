@@ -79,6 +79,10 @@ pub struct State {
     pub(crate) running: BTreeMap<WorkloadId, RunningWorkload>,
     /// usage[team][slot]
     pub(crate) usage: Vec<Vec<Milli>>,
+    /// The part of `usage` of classes that are never preempted: it must
+    /// stay within the guarantee (`borrowedOnly`), since nothing could take
+    /// it back.
+    pub(crate) usage_fixed: Vec<Vec<Milli>>,
     pub(crate) running_per_class: Vec<u64>,
     pub(crate) pending: BTreeMap<WorkloadId, PendingRec>,
     /// (priority, class, team) → (submit time, id), in order.
@@ -146,7 +150,7 @@ impl State {
             }
             clusters.push(rec);
         }
-        let usage = cat
+        let usage: Vec<Vec<Milli>> = cat
             .teams
             .iter()
             .map(|t| vec![Milli::ZERO; t.slots.len()])
@@ -164,6 +168,7 @@ impl State {
             node_running: vec![BTreeSet::new(); node_count],
             team_running: vec![BTreeSet::new(); team_count],
             running: BTreeMap::new(),
+            usage_fixed: usage.clone(),
             usage,
             running_per_class: vec![0; class_count],
             pending: BTreeMap::new(),
@@ -258,6 +263,10 @@ impl State {
         }
         let u = &mut self.usage[r.team as usize][r.slot as usize];
         *u = u.saturating_sub(r.spec.total_gpus());
+        if !self.cat.classes[r.class as usize].is_preemptible() {
+            let f = &mut self.usage_fixed[r.team as usize][r.slot as usize];
+            *f = f.saturating_sub(r.spec.total_gpus());
+        }
         self.team_running[r.team as usize].remove(&id);
         self.running_per_class[r.class as usize] -= 1;
         Some(r)
@@ -335,6 +344,9 @@ impl State {
             self.node_running[node as usize].insert(spec.id);
         }
         self.usage[team as usize][slot as usize] += spec.total_gpus();
+        if !self.cat.classes[class as usize].is_preemptible() {
+            self.usage_fixed[team as usize][slot as usize] += spec.total_gpus();
+        }
         self.team_running[team as usize].insert(spec.id);
         self.running_per_class[class as usize] += 1;
         self.running.insert(

@@ -232,7 +232,7 @@ pub enum PendingReason {
         used: Milli,
         requested: Milli,
         /// The cap is the team's guarantee: the class is never preempted,
-        /// so it never borrows.
+        /// so it never borrows; `used` is the team's never-preempted work.
         within_guarantee_only: bool,
         /// The team's own running work this request may preempt there.
         own_preemptible: Milli,
@@ -356,7 +356,7 @@ impl fmt::Display for PendingReason {
                 if *within_guarantee_only {
                     write!(
                         f,
-                        "team {team} is at its guarantee of {limit} {gpu_class} GPUs ({used} in use, this needs {requested} more), and work that is never preempted runs only within it; it starts when the team's work there ends, or submit it in a preemptible class to borrow idle GPUs"
+                        "team {team}'s never-preempted work would exceed its guarantee of {limit} {gpu_class} GPUs ({used} in use by such work, this needs {requested} more), and it runs only within the guarantee; it starts when that work ends, or submit it in a preemptible class to borrow idle GPUs"
                     )?;
                 } else {
                     write!(

@@ -218,7 +218,7 @@ impl<'s> Work<'s> {
         };
         for c in choices.iter().filter(|c| c.deficit == Milli::ZERO) {
             if let Some(plan) = self.find(spec, c.model, None) {
-                self.commit(spec, team, c.slot, plan, Vec::new(), out);
+                self.commit(spec, team, c.slot, class, plan, Vec::new(), out);
                 return Ok(());
             }
         }
@@ -260,7 +260,7 @@ impl<'s> Work<'s> {
                     }
                     let placed = match self.find(spec, plan.choice.model, Some(plan.cluster)) {
                         Some(plan_) => {
-                            self.commit(spec, team, plan.choice.slot, plan_, ids, out);
+                            self.commit(spec, team, plan.choice.slot, class, plan_, ids, out);
                             true
                         }
                         // Unreachable when find_victims and find agree; the victims

@@ -9,9 +9,10 @@ use crate::types::{PendingReason, WorkloadSpec};
 
 /// A GPU model a request may use, the quota slot of its team it is charged
 /// to, and how much of the team's own work in that slot must stop before it
-/// fits the team's cap (its limit, or its guarantee for work that is never
-/// preempted). A `deficit` above zero is only offered when the team's own
-/// work that this class may preempt covers it.
+/// fits the team's limit. A `deficit` above zero is only offered when the
+/// team's own work that this class may preempt covers it. (Work that is
+/// never preempted must also fit, with the team's other such work, in the
+/// guarantee; preempting the team's other work cannot help that.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct ModelChoice {
     pub model: u16,
@@ -20,18 +21,6 @@ pub(super) struct ModelChoice {
 }
 
 impl<'s> Work<'s> {
-    /// The most a workload of `class` may take `team` to on `slot`: its
-    /// limit; for a class that is never preempted under `borrowedOnly`, its
-    /// guarantee, since borrowed capacity must be returnable.
-    pub(super) fn cap_of(&self, team: u32, slot: u16, class: u16) -> Milli {
-        let (_, guaranteed, limit) = self.s.cat.teams[team as usize].slots[slot as usize];
-        if self.s.cat.guarantees_hard && !self.s.cat.classes[class as usize].is_preemptible() {
-            guaranteed.min(limit)
-        } else {
-            limit
-        }
-    }
-
     /// GPUs of `team`'s running work on `slot` that `class` may preempt by
     /// priority (and that this cycle has not preempted yet).
     pub(super) fn own_preemptible(&self, team: u32, slot: u16, class: u16) -> Milli {
@@ -80,7 +69,26 @@ impl<'s> Work<'s> {
             };
             let (gpu_class, guaranteed, limit) = &info.slots[slot as usize];
             let used = self.usage[team as usize][slot as usize];
-            let cap = self.cap_of(team, slot, class);
+            let fixed = self.usage_fixed[team as usize][slot as usize];
+            let never_preempted = !self.s.cat.classes[class as usize].is_preemptible();
+            if self.s.cat.guarantees_hard
+                && never_preempted
+                && fixed + spec.total_gpus() > *guaranteed
+            {
+                // Only the team's other never-preempted work holds its
+                // guarantee; preempting its other work would not help.
+                limit_reason.get_or_insert(PendingReason::TeamAtLimit {
+                    team: info.name.clone(),
+                    gpu_class: gpu_class.clone(),
+                    limit: *guaranteed,
+                    used: fixed,
+                    requested: spec.total_gpus(),
+                    within_guarantee_only: true,
+                    own_preemptible: Milli::ZERO,
+                });
+                continue;
+            }
+            let cap = *limit;
             let need = used + spec.total_gpus();
             if need <= cap {
                 out.push(ModelChoice {
@@ -110,7 +118,7 @@ impl<'s> Work<'s> {
                 limit: cap,
                 used,
                 requested: spec.total_gpus(),
-                within_guarantee_only: cap < *limit && cap == *guaranteed,
+                within_guarantee_only: false,
                 own_preemptible: own,
             });
         }

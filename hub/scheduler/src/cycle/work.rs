@@ -25,6 +25,8 @@ pub(super) struct Work<'s> {
     pub(super) cluster_full: Vec<Vec<u32>>,
     pub(super) global_free: u64,
     pub(super) usage: Vec<Vec<Milli>>,
+    /// Usage of never-preempted classes (see `State::usage_fixed`).
+    pub(super) usage_fixed: Vec<Vec<Milli>>,
     pub(super) preempted: BTreeSet<WorkloadId>,
     pub(super) lowest_class_value: i32,
     /// Does any team run above its guarantee (at cycle start)?
@@ -46,6 +48,7 @@ impl<'s> Work<'s> {
             cluster_full: vec![vec![0; models]; s.clusters.len()],
             global_free: 0,
             usage: s.usage.clone(),
+            usage_fixed: s.usage_fixed.clone(),
             preempted: BTreeSet::new(),
             lowest_class_value: s.cat.classes.iter().map(|c| c.value).min().unwrap_or(0),
             explain,
@@ -134,11 +137,13 @@ impl<'s> Work<'s> {
         self.cluster_ok(spec, self.s.nodes[node as usize].cluster)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn commit(
         &mut self,
         spec: &WorkloadSpec,
         team: u32,
         slot: u16,
+        class: u16,
         plan: Plan,
         after_preempting: Vec<WorkloadId>,
         out: &mut Decisions,
@@ -164,6 +169,9 @@ impl<'s> Work<'s> {
             })
             .collect();
         self.usage[team as usize][slot as usize] += spec.total_gpus();
+        if !self.s.cat.classes[class as usize].is_preemptible() {
+            self.usage_fixed[team as usize][slot as usize] += spec.total_gpus();
+        }
         out.placements.push(Placement {
             workload: spec.id,
             allocation: Allocation { cluster, replicas },

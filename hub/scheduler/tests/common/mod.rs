@@ -642,6 +642,17 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
 
     // Replay usage in decision order: reasons, guarantees and limits.
     let hard = policy.settings.cross_team_preemption == CrossTeamPreemption::BorrowedOnly;
+    // Usage of never-preempted classes per (team, quota class).
+    let never = |class: &str| policy.priority_classes[class].preemptible_by.is_empty();
+    let mut fixed: BTreeMap<(String, String), Milli> = BTreeMap::new();
+    for r in pre.running() {
+        if never(&r.spec.priority_class) {
+            let model =
+                model_of(inv, r.allocation.cluster, r.allocation.replicas[0][0].node).unwrap();
+            let (q, _, _) = quota_of(policy, &r.spec.team, model).unwrap();
+            *fixed.entry((r.spec.team.clone(), q)).or_default() += r.spec.total_gpus();
+        }
+    }
     let mut usage: BTreeMap<(String, String), Milli> = BTreeMap::new();
     for tu in pre.team_usage() {
         for cu in tu.classes {
@@ -731,12 +742,15 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
         }
         let u = usage.entry((spec.team.clone(), q.clone())).or_default();
         *u += spec.total_gpus();
-        let pc = &policy.priority_classes[&spec.priority_class];
-        if hard && pc.preemptible_by.is_empty() && *u > g {
-            return Err(format!(
-                "placing never-preempted {} takes team {} to {} {q}, above its guarantee {g}",
-                spec.id, spec.team, *u
-            ));
+        if never(&spec.priority_class) {
+            let f = fixed.entry((spec.team.clone(), q.clone())).or_default();
+            *f += spec.total_gpus();
+            if hard && *f > g {
+                return Err(format!(
+                    "placing never-preempted {} takes team {}'s never-preempted work to {} {q}, above its guarantee {g}",
+                    spec.id, spec.team, *f
+                ));
+            }
         }
         if *u > limit {
             return Err(format!(
@@ -786,9 +800,33 @@ pub fn check_no_missed_room(inv: &Inventory, pre: &State, d: &Decisions) -> Resu
             used_lo.insert((tu.team.clone(), cu.gpu_class), cu.used);
         }
     }
+    // Never-preempted usage per (team, quota class), raised by every
+    // never-preempted placement of the cycle.
+    let mut fixed_hi: BTreeMap<(String, String), Milli> = BTreeMap::new();
+    for r in pre.running() {
+        if policy.priority_classes[&r.spec.priority_class]
+            .preemptible_by
+            .is_empty()
+        {
+            let model =
+                model_of(inv, r.allocation.cluster, r.allocation.replicas[0][0].node).unwrap();
+            let (q, _, _) = quota_of(policy, &r.spec.team, model).unwrap();
+            *fixed_hi.entry((r.spec.team.clone(), q)).or_default() += r.spec.total_gpus();
+        }
+    }
     for p in &d.placements {
         for (g, m) in shards_by_gpu(&p.allocation) {
             *free_lb.get_mut(&g).unwrap() -= m as i64;
+        }
+        let spec = pre.pending_spec(p.workload).unwrap();
+        if policy.priority_classes[&spec.priority_class]
+            .preemptible_by
+            .is_empty()
+        {
+            let model =
+                model_of(inv, p.allocation.cluster, p.allocation.replicas[0][0].node).unwrap();
+            let (q, _, _) = quota_of(policy, &spec.team, model).unwrap();
+            *fixed_hi.entry((spec.team.clone(), q)).or_default() += spec.total_gpus();
         }
         let spec = pre.pending_spec(p.workload).unwrap();
         let model = model_of(inv, p.allocation.cluster, p.allocation.replicas[0][0].node).unwrap();
@@ -846,12 +884,18 @@ pub fn check_no_missed_room(inv: &Inventory, pre: &State, d: &Decisions) -> Resu
                 let hi = used_hi[&(w.team.clone(), q.clone())];
                 let hard =
                     policy.settings.cross_team_preemption == CrossTeamPreemption::BorrowedOnly;
-                let cap = if hard && wc.preemptible_by.is_empty() {
-                    limit.min(g)
-                } else {
-                    limit
-                };
-                if hi + w.total_gpus() > cap {
+                if hi + w.total_gpus() > limit {
+                    continue;
+                }
+                if hard
+                    && wc.preemptible_by.is_empty()
+                    && fixed_hi
+                        .get(&(w.team.clone(), q.clone()))
+                        .copied()
+                        .unwrap_or_default()
+                        + w.total_gpus()
+                        > g
+                {
                     continue;
                 }
                 let reclaim = hi + w.total_gpus() <= g;
