@@ -194,10 +194,28 @@ pub struct BurstWanted {
     pub waited_ms: u64,
 }
 
+/// Amounts in pending reasons serialize as GPUs (`0.25`, `8`), with `_gpus`
+/// in the field name, for people and scripts reading `-o json`.
+mod as_gpus {
+    use axle_policy::Milli;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(m: &Milli, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(m.as_gpus_f64())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Milli, D::Error> {
+        let g = f64::deserialize(d)?;
+        Milli::from_gpus_f64(g)
+            .ok_or_else(|| serde::de::Error::custom(format!("bad GPU amount {g}")))
+    }
+}
+
 /// GPUs one team holds where a waiting request could run, and on what terms.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Holding {
     pub team: String,
+    #[serde(with = "as_gpus")]
     pub gpus: Milli,
     /// The team runs above its guarantee in that quota class: what it holds
     /// there is (in part) borrowed.
@@ -214,7 +232,9 @@ pub struct CapacityDetail {
     pub scope: String,
     /// GPU models (`A100`, `H100|A100`).
     pub gpu_model: String,
+    #[serde(rename = "total_gpus", with = "as_gpus")]
     pub total: Milli,
+    #[serde(rename = "free_gpus", with = "as_gpus")]
     pub free: Milli,
     /// Largest holders first.
     pub holders: Vec<Holding>,
@@ -228,13 +248,17 @@ pub enum PendingReason {
     TeamAtLimit {
         team: String,
         gpu_class: String,
+        #[serde(rename = "limit_gpus", with = "as_gpus")]
         limit: Milli,
+        #[serde(rename = "used_gpus", with = "as_gpus")]
         used: Milli,
+        #[serde(rename = "requested_gpus", with = "as_gpus")]
         requested: Milli,
         /// The cap is the team's guarantee: the class is never preempted,
         /// so it never borrows; `used` is the team's never-preempted work.
         within_guarantee_only: bool,
         /// The team's own running work this request may preempt there.
+        #[serde(rename = "own_preemptible_gpus", with = "as_gpus")]
         own_preemptible: Milli,
     },
     NoQuotaForModel {
@@ -253,6 +277,7 @@ pub enum PendingReason {
     /// Capacity exists but is busy now.
     NoFreeCapacity {
         need: String,
+        #[serde(rename = "largest_free_gpus", with = "as_gpus")]
         largest_free: Milli,
         largest_free_at: Option<String>,
         idle_only: bool,
@@ -262,10 +287,12 @@ pub enum PendingReason {
         /// idle GPUs, and preempt only by priority.
         borrowing: bool,
         /// Its team's guarantee in that quota class.
+        #[serde(rename = "guaranteed_gpus", with = "as_gpus")]
         guaranteed: Milli,
         /// Who holds the GPUs it could use.
         capacity: Option<CapacityDetail>,
         /// Its team's own running lower-priority work it may preempt.
+        #[serde(rename = "own_preemptible_gpus", with = "as_gpus")]
         own_preemptible: Milli,
         /// 1-based position among the waiting requests of the same shape and
         /// priority, in the order the scheduler serves them.
