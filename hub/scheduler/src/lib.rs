@@ -11,6 +11,8 @@ pub mod cycle;
 pub mod error;
 pub mod inventory;
 pub mod state;
+#[cfg(test)]
+mod testkit;
 pub mod types;
 pub mod validate;
 

@@ -41,3 +41,38 @@ pub(super) fn maybe_burst(
         waited_ms,
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use axle_policy::CrossTeamPreemption::BorrowedOnly;
+
+    use super::*;
+    use crate::testkit::{inventory, policy, req};
+
+    #[test]
+    fn a_burst_is_wanted_after_the_threshold_with_budget_left() {
+        let mut p = (*policy(&[("a", &[("H100", 0.0, 8.0)])], BorrowedOnly)).clone();
+        let team = p.teams.get_mut("a").unwrap();
+        team.burst.providers = vec!["aws".into()];
+        team.burst.budget_usd_per_month = 100.0;
+        let s = State::new(std::sync::Arc::new(p), &inventory(&[("H100", 1)]));
+        let mut spec = req(1, "a", "training", 1.0);
+        spec.burst_allowed = true;
+        let threshold_ms = s.cat.policy.settings.burst_wait_threshold_s * 1000;
+        let wants = |now: u64, opts: &CycleOptions| {
+            let mut out = Decisions::default();
+            maybe_burst(&s, opts, &spec, 0, true, now, &mut out);
+            out.burst_wanted.len()
+        };
+        let opts = CycleOptions::default();
+        assert_eq!(wants(threshold_ms - 1, &opts), 0, "not waited long enough");
+        assert_eq!(wants(threshold_ms, &opts), 1);
+        let spent = CycleOptions {
+            burst_headroom_usd: Some(BTreeMap::from([("a".to_string(), 0.0)])),
+            ..CycleOptions::default()
+        };
+        assert_eq!(wants(threshold_ms, &spent), 0, "no budget left");
+    }
+}

@@ -297,3 +297,87 @@ impl<'s> Work<'s> {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use axle_policy::CrossTeamPreemption::BorrowedOnly;
+
+    use super::*;
+    use crate::state::State;
+    use crate::testkit::{gpus, inventory, policy, req, run};
+
+    #[test]
+    fn reasons_name_holders_terms_and_a_way_out() {
+        let p = policy(
+            &[
+                ("vision", &[("A100", 1.0, 4.0)]),
+                ("recsys", &[("A100", 2.0, 4.0)]),
+            ],
+            BorrowedOnly,
+        );
+        let mut s = State::new(p, &inventory(&[("A100", 4)]));
+        let mut nb = req(1, "vision", "development", 1.0);
+        nb.max_runtime_s = Some(60);
+        run(&mut s, nb, 0, &[0], 0);
+        let w = Work::new(&s, true, 30_000);
+        let training = s.cat.class_index["training"];
+        let spec = req(2, "recsys", "training", 4.0);
+        let choices = w.allowed_models(&spec, 1, training).unwrap();
+        let r = w.explain_capacity(&spec, 1, training, &choices);
+        let PendingReason::NoFreeCapacity {
+            capacity: Some(c),
+            borrowing,
+            estimated_wait_ms,
+            largest_free,
+            ..
+        } = &r
+        else {
+            panic!("{r:?}");
+        };
+        assert!(*borrowing);
+        assert_eq!(*largest_free, gpus(3.0));
+        assert_eq!(c.holders.len(), 1);
+        assert_eq!(
+            (c.holders[0].team.as_str(), c.holders[0].borrowing),
+            ("vision", false)
+        );
+        assert_eq!(
+            *estimated_wait_ms,
+            Some(30_000),
+            "the notebook's max runtime ends in 30 s"
+        );
+        let text = r.to_string();
+        assert!(
+            text.contains("c0 has 4 A100: 1 held by vision within its guarantee, 3 free"),
+            "{text}"
+        );
+        assert!(text.contains("may borrow only idle GPUs"), "{text}");
+    }
+
+    #[test]
+    fn never_fits_is_cheap_and_names_the_largest() {
+        let p = policy(&[("a", &[("H100", 0.0, 64.0)])], BorrowedOnly);
+        let s = State::new(p, &inventory(&[("H100", 8)]));
+        let w = Work::new(&s, true, 0);
+        let m = s.cat.model_index["H100"];
+        let choice = [ModelChoice {
+            model: m,
+            slot: 0,
+            deficit: Milli::ZERO,
+        }];
+        let mut gang = req(1, "a", "training", 8.0);
+        gang.replicas = 2;
+        let r = w.never_fits(&gang, &choice).unwrap();
+        assert!(r.to_string().contains("a cluster of 8 GPUs"), "{r}");
+        assert!(
+            w.never_fits(&req(2, "a", "training", 8.0), &choice)
+                .is_none()
+        );
+        let mut elsewhere = req(3, "a", "training", 1.0);
+        elsewhere.regions = vec!["us".into()];
+        assert!(matches!(
+            w.never_fits(&elsewhere, &choice),
+            Some(PendingReason::NoMatchingCluster { .. })
+        ));
+    }
+}

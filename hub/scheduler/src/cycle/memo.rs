@@ -86,3 +86,39 @@ impl<'s> Work<'s> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(gpus: u64, replicas: u32, spread: bool) -> ShapeKey<'static> {
+        ShapeKey {
+            team: 0,
+            class: 0,
+            model: Some("H100"),
+            gpus: Milli(gpus),
+            replicas,
+            spread,
+            regions: &[],
+        }
+    }
+
+    #[test]
+    fn a_failure_proves_failure_only_for_requests_at_least_as_large() {
+        let failed = key(2000, 1, false);
+        assert!(failed.dominates(&key(2000, 1, false)));
+        assert!(failed.dominates(&key(4000, 2, false)));
+        assert!(!failed.dominates(&key(1000, 1, false)), "smaller may fit");
+        // A fraction and whole GPUs are placed differently.
+        assert!(!key(500, 1, false).dominates(&key(1000, 1, false)));
+        // Spreading only helps.
+        assert!(!failed.dominates(&key(2000, 1, true)));
+        assert!(key(2000, 1, true).dominates(&key(2000, 1, false)));
+        let mut other_team = key(2000, 1, false);
+        other_team.team = 1;
+        assert!(!failed.dominates(&other_team));
+        let memo = BTreeMap::from([(failed, PendingReason::NotEvaluated)]);
+        assert!(dominated(&memo, &key(8000, 1, false)));
+        assert!(!dominated(&memo, &key(1000, 1, false)));
+    }
+}

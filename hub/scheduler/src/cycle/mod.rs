@@ -289,3 +289,37 @@ impl<'s> Work<'s> {
         Err(reason)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use axle_policy::CrossTeamPreemption::BorrowedOnly;
+
+    use super::*;
+    use crate::testkit::{inventory, policy, req};
+
+    #[test]
+    fn higher_priority_is_served_first_and_every_wait_has_a_reason() {
+        let p = policy(&[("a", &[("H100", 1.0, 4.0)])], BorrowedOnly);
+        let mut s = State::new(p, &inventory(&[("H100", 1)]));
+        s.submit(req(1, "a", "development", 1.0)).unwrap();
+        s.submit(req(2, "a", "training", 1.0)).unwrap();
+        let d = cycle(&s, 0, &CycleOptions::default());
+        assert_eq!(d.placements.len(), 1);
+        assert_eq!(d.placements[0].workload, 2, "training before development");
+        assert_eq!(d.pending.len(), 1);
+        assert_eq!(d.pending[0].0, 1);
+        assert!(matches!(
+            d.pending[0].1,
+            PendingReason::NoFreeCapacity {
+                queue_position: Some(1),
+                ..
+            }
+        ));
+        // Without explanations the simulator's fast path gives none.
+        let quiet = CycleOptions {
+            explain: false,
+            ..CycleOptions::default()
+        };
+        assert!(cycle(&s, 0, &quiet).pending.is_empty());
+    }
+}

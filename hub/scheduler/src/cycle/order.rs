@@ -57,3 +57,40 @@ impl<'s> Work<'s> {
         (share >= 1.0, Share(share / weight), submit, id, team, i)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use axle_policy::CrossTeamPreemption::BorrowedOnly;
+
+    use super::*;
+    use crate::state::State;
+    use crate::testkit::{inventory, policy, req, run};
+
+    #[test]
+    fn teams_below_their_guarantee_come_before_borrowers_then_lowest_share() {
+        let p = policy(
+            &[
+                ("a", &[("H100", 2.0, 8.0)]),
+                ("b", &[("H100", 4.0, 8.0)]),
+                ("c", &[("H100", 1.0, 8.0)]),
+            ],
+            BorrowedOnly,
+        );
+        let mut s = State::new(p, &inventory(&[("H100", 8)]));
+        run(&mut s, req(1, "a", "training", 3.0), 0, &[0, 1, 2], 0); // share 1.5
+        run(&mut s, req(2, "b", "training", 2.0), 0, &[3, 4], 0); // share 0.5
+        let w = Work::new(&s, true, 0);
+        let (a, b, c) = (
+            w.team_key(0, &req(9, "a", "training", 1.0), 0, 9, 0),
+            w.team_key(1, &req(9, "b", "training", 1.0), 0, 9, 1),
+            w.team_key(2, &req(9, "c", "training", 1.0), 0, 9, 2),
+        );
+        assert!(a.0, "a runs above its guarantee");
+        assert!(!b.0 && !c.0);
+        // c (share 0) before b (share 0.5) before the borrower a.
+        let mut keys = [a, b, c];
+        keys.sort();
+        assert_eq!(keys.map(|k| k.4), [2, 1, 0]);
+        assert!((w.share_of(1, Some("H100")) - 0.5).abs() < 1e-9);
+    }
+}

@@ -226,3 +226,57 @@ impl<'s> Work<'s> {
         self.plan_in_cluster(spec, m, cluster, &free).is_some()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use axle_policy::CrossTeamPreemption::BorrowedOnly;
+
+    use super::*;
+    use crate::state::State;
+    use crate::testkit::{inventory, policy, req, run};
+
+    fn state() -> State {
+        let p = policy(&[("a", &[("H100", 0.0, 16.0)])], BorrowedOnly);
+        let mut s = State::new(p, &inventory(&[("H100", 4), ("H100", 4)]));
+        run(&mut s, req(1, "a", "training", 0.5), 0, &[0], 0);
+        run(&mut s, req(2, "a", "training", 2.0), 1, &[0, 1], 0);
+        s
+    }
+
+    #[test]
+    fn best_fit_fills_shared_gpus_and_fullest_nodes_first() {
+        let s = state();
+        let w = Work::new(&s, true, 0);
+        let m = s.cat.model_index["H100"];
+        // A half goes on the half-used GPU 0 of node 0.
+        let plan = w.find(&req(3, "a", "training", 0.5), m, None).unwrap();
+        assert_eq!(plan, vec![vec![(0, 500)]]);
+        // Two whole GPUs go to node 1 (2 free) rather than node 0 (3 free).
+        let plan = w.find(&req(4, "a", "training", 2.0), m, None).unwrap();
+        let first_gpu_of_node1 = s.nodes[1].first_gpu;
+        assert!(
+            plan[0].iter().all(|&(g, _)| g >= first_gpu_of_node1),
+            "{plan:?}"
+        );
+        // Four on one node cannot fit; spread over both nodes they do.
+        assert!(w.find(&req(5, "a", "training", 4.0), m, None).is_none());
+        let mut spread = req(6, "a", "training", 5.0);
+        spread.allow_spread = true;
+        assert_eq!(w.find(&spread, m, None).unwrap()[0].len(), 5);
+    }
+
+    #[test]
+    fn fits_in_counts_gpus_freed_by_an_overlay() {
+        let s = state();
+        let w = Work::new(&s, true, 0);
+        let m = s.cat.model_index["H100"];
+        let mut spread = req(7, "a", "training", 7.0);
+        spread.allow_spread = true;
+        let nodes = [0, 1];
+        assert!(!w.fits_in(&spread, m, 0, &nodes, &BTreeMap::new()));
+        // Freeing node 1's two busy GPUs makes 7 fully free GPUs.
+        let g = s.nodes[1].first_gpu;
+        let overlay = BTreeMap::from([(g, FULL_GPU), (g + 1, FULL_GPU)]);
+        assert!(w.fits_in(&spread, m, 0, &nodes, &overlay));
+    }
+}

@@ -553,3 +553,85 @@ impl<'s> Work<'s> {
         (None, refused)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use axle_policy::CrossTeamPreemption::{self, Any, BorrowedOnly};
+
+    use super::*;
+    use crate::state::State;
+    use crate::testkit::{inventory, policy, req, run};
+
+    /// a (guarantee 1) runs development within it; b (guarantee 0) borrows
+    /// with development; c runs production.
+    fn state(cross: CrossTeamPreemption) -> State {
+        let p = policy(
+            &[
+                ("a", &[("H100", 1.0, 4.0)]),
+                ("b", &[("H100", 0.0, 4.0)]),
+                ("c", &[("H100", 1.0, 4.0)]),
+                ("d", &[("H100", 1.0, 4.0)]),
+            ],
+            cross,
+        );
+        let mut s = State::new(p, &inventory(&[("H100", 3)]));
+        run(&mut s, req(1, "a", "development", 1.0), 0, &[0], 100);
+        run(&mut s, req(2, "b", "development", 1.0), 0, &[1], 200);
+        run(&mut s, req(3, "c", "production", 1.0), 0, &[2], 300);
+        s
+    }
+
+    #[test]
+    fn across_teams_only_borrowed_capacity_unless_the_policy_says_any() {
+        let s = state(BorrowedOnly);
+        let w = Work::new(&s, true, 1000);
+        let training = s.cat.class_index["training"];
+        let run_of = |id| &s.running[&id];
+        // d's training may take b's borrowed GPU by priority, not a's.
+        assert_eq!(w.eligible(3, training, false, run_of(2)), Some(true));
+        assert_eq!(w.eligible(3, training, false, run_of(1)), None);
+        // Production is never a victim, not even to reclaim a guarantee.
+        assert_eq!(w.eligible(3, training, true, run_of(3)), None);
+        let s = state(Any);
+        let w = Work::new(&s, true, 1000);
+        let run_of = |id| &s.running[&id];
+        assert_eq!(w.eligible(3, training, false, run_of(1)), Some(true));
+        assert_eq!(w.eligible(3, training, true, run_of(3)), None);
+    }
+
+    #[test]
+    fn the_search_takes_the_borrower_and_never_a_guarantee() {
+        let s = state(BorrowedOnly);
+        let w = Work::new(&s, true, 1000);
+        let training = s.cat.class_index["training"];
+        let spec = req(9, "d", "training", 1.0);
+        let choices = w.allowed_models(&spec, 3, training).unwrap();
+        let plan = w.find_victims(&spec, 3, training, &choices).unwrap();
+        let ids: Vec<u64> = plan.victims.iter().map(|v| v.id).collect();
+        assert_eq!(ids, [2]);
+        assert!(matches!(
+            plan.victims[0].why,
+            PreemptReason::Priority { .. }
+        ));
+        // Two GPUs would need a's guaranteed one too: no plan.
+        let spec = req(10, "d", "training", 2.0);
+        let choices = w.allowed_models(&spec, 3, training).unwrap();
+        assert!(w.find_victims(&spec, 3, training, &choices).is_none());
+    }
+
+    #[test]
+    fn among_equal_victims_the_one_losing_least_work_ranks_first() {
+        let p = policy(
+            &[("a", &[("H100", 0.0, 4.0)]), ("b", &[("H100", 0.0, 4.0)])],
+            BorrowedOnly,
+        );
+        let mut s = State::new(p, &inventory(&[("H100", 2)]));
+        let mut saved = req(1, "b", "development", 1.0);
+        saved.checkpoint_interval_s = Some(100);
+        run(&mut s, saved, 0, &[0], 0); // ran 1000 s, saved at 1000 s: loses 0
+        run(&mut s, req(2, "b", "development", 1.0), 0, &[1], 900_000); // loses 100 s
+        let w = Work::new(&s, true, 1_000_000);
+        assert!(w.rank(&s.running[&1]) < w.rank(&s.running[&2]));
+        assert_eq!(s.running[&1].spec.lost_work_milli_ms(0, 1_000_000), 0);
+    }
+}

@@ -144,3 +144,80 @@ impl<'s> Work<'s> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use axle_policy::CrossTeamPreemption::{Any, BorrowedOnly};
+
+    use super::*;
+    use crate::state::State;
+    use crate::testkit::{gpus, inventory, policy, req, run};
+
+    fn state(cross: axle_policy::CrossTeamPreemption) -> State {
+        let p = policy(&[("ml", &[("H100", 2.0, 4.0)])], cross);
+        let mut s = State::new(p, &inventory(&[("H100", 8)]));
+        run(&mut s, req(1, "ml", "batch", 2.0), 0, &[0, 1], 0);
+        run(&mut s, req(2, "ml", "production", 2.0), 0, &[2, 3], 0);
+        s
+    }
+
+    #[test]
+    fn at_the_limit_own_lower_priority_work_is_a_deficit_to_free() {
+        let s = state(BorrowedOnly);
+        let w = Work::new(&s, true, 0);
+        let training = s.cat.class_index["training"];
+        let batch = s.cat.class_index["batch"];
+        // 4 in use of a limit of 4: the 2 of batch may make room for training.
+        let c = w
+            .allowed_models(&req(3, "ml", "training", 1.0), 0, training)
+            .unwrap();
+        assert_eq!(c[0].deficit, gpus(1.0));
+        assert_eq!(w.own_preemptible(0, 0, training), gpus(2.0));
+        // More than the team's batch work could free: at its limit.
+        let r = w
+            .allowed_models(&req(4, "ml", "training", 3.0), 0, training)
+            .unwrap_err();
+        assert!(
+            matches!(r, PendingReason::TeamAtLimit { own_preemptible, .. } if own_preemptible == gpus(2.0))
+        );
+        // Batch cannot preempt batch.
+        assert!(
+            w.allowed_models(&req(5, "ml", "batch", 1.0), 0, batch)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn never_preempted_work_fits_its_guarantee_with_the_teams_other_such_work() {
+        let production = |s: &State| s.cat.class_index["production"];
+        let s = state(BorrowedOnly);
+        let w = Work::new(&s, true, 0);
+        // 2 of production already fill the guarantee of 2.
+        let r = w
+            .allowed_models(&req(3, "ml", "production", 1.0), 0, production(&s))
+            .unwrap_err();
+        assert!(matches!(
+            r,
+            PendingReason::TeamAtLimit {
+                within_guarantee_only: true,
+                ..
+            }
+        ));
+        // With `any`, guarantees do not bound it.
+        let s = state(Any);
+        let w = Work::new(&s, true, 0);
+        let c = w
+            .allowed_models(&req(3, "ml", "production", 1.0), 0, production(&s))
+            .unwrap();
+        assert_eq!(c[0].deficit, gpus(1.0), "still within the limit of 4");
+    }
+
+    #[test]
+    fn borrower_means_above_the_guarantee_even_after_giving_up() {
+        let s = state(BorrowedOnly);
+        let w = Work::new(&s, true, 0);
+        assert!(w.is_borrower(0, 0, Milli::ZERO), "4 in use, 2 guaranteed");
+        assert!(w.is_borrower(0, 0, gpus(2.0)), "giving up 2 leaves it at 2");
+        assert!(!w.is_borrower(0, 0, gpus(3.0)));
+    }
+}

@@ -189,3 +189,34 @@ impl<'s> Work<'s> {
         self.preempted.insert(v);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use axle_policy::CrossTeamPreemption::BorrowedOnly;
+
+    use super::*;
+    use crate::testkit::{inventory, policy, req, run};
+
+    #[test]
+    fn adjust_commit_and_evict_keep_every_index_true() {
+        let p = policy(&[("a", &[("H100", 0.0, 8.0)])], BorrowedOnly);
+        let mut s = State::new(p, &inventory(&[("H100", 4)]));
+        run(&mut s, req(1, "a", "training", 1.0), 0, &[0], 0);
+        let mut w = Work::new(&s, true, 0);
+        let m = 0usize;
+        assert_eq!(w.global_free, 3000);
+        assert_eq!(w.cluster_full[0][m], 3);
+        assert!(w.whole[m].contains(&(3, 0)));
+        // Half of GPU 1: it leaves the whole index and enters the partial one.
+        w.adjust(1, 500);
+        assert_eq!(w.cluster_full[0][m], 2);
+        assert!(w.whole[m].contains(&(2, 0)));
+        assert!(w.partial[m].contains(&(500, 1)));
+        assert_eq!(w.global_free, 2500);
+        // Evicting workload 1 frees GPU 0 and its team's usage.
+        w.evict(1);
+        assert_eq!(w.cluster_full[0][m], 3);
+        assert_eq!(w.usage[0][0], Milli::ZERO);
+        assert!(w.preempted.contains(&1));
+    }
+}
