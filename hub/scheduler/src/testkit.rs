@@ -11,8 +11,11 @@ use axle_policy::{
 use crate::state::State;
 use crate::types::{Allocation, ClusterInventory, Inventory, NodeInventory, Shard, WorkloadSpec};
 
-/// `(team, [(gpu class, guaranteed, limit)])` in GPUs, the standard classes.
-pub fn policy(teams: &[(&str, &[(&str, f64, f64)])], cross: CrossTeamPreemption) -> Arc<Policy> {
+/// `(gpu class, guaranteed, limit)` in GPUs.
+pub type QuotaDef<'a> = (&'a str, f64, f64);
+
+/// `(team, quotas)`, the standard classes.
+pub fn policy(teams: &[(&str, &[QuotaDef<'_>])], cross: CrossTeamPreemption) -> Arc<Policy> {
     let teams = teams
         .iter()
         .map(|(name, quotas)| {
