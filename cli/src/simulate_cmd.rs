@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use axle_policy::{Milli, Policy};
-use axle_scheduler::{ClusterInventory, Inventory, NodeInventory, State, inventory};
+use axle_scheduler::{Inventory, State, inventory};
 use axle_sim::trace::{TraceFormat, parse_node_list, parse_trace};
 use axle_sim::{self as sim, Mode, Progress, SimJob, SimReport};
 use clap::{Args, ValueEnum};
@@ -16,7 +16,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Args)]
 pub struct SimulateArgs {
-    /// Job trace file.
+    /// Job trace file (`.gz` is read compressed).
     #[arg(long)]
     trace: PathBuf,
     /// Policy repository (directory of YAML documents).
@@ -71,6 +71,18 @@ enum Output {
     Json,
 }
 
+/// A trace or node list, gunzipped when its name ends in `.gz`.
+fn read_text(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    if path.extension().is_some_and(|e| e == "gz") {
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(path)?).read_to_string(&mut text)?;
+        Ok(text)
+    } else {
+        std::fs::read_to_string(path)
+    }
+}
+
 /// The inventory to replay on: `--capacity`, `--nodes`, or the policy's
 /// declared clusters.
 fn inventory_of(
@@ -79,29 +91,13 @@ fn inventory_of(
     jobs: &[SimJob],
 ) -> anyhow::Result<Inventory> {
     if let Some(path) = &args.nodes {
-        let content = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read node list {}", path.display()))?;
+        let content =
+            read_text(path).with_context(|| format!("cannot read node list {}", path.display()))?;
         let list = parse_node_list(&path.display().to_string(), &content)?;
         if list.nodes.is_empty() {
             bail!("node list {} has no GPU node", path.display());
         }
-        return Ok(Inventory {
-            clusters: vec![ClusterInventory {
-                name: "sim".to_string(),
-                region: "sim".to_string(),
-                schedulable: true,
-                nodes: list
-                    .nodes
-                    .into_iter()
-                    .map(|n| NodeInventory {
-                        name: n.name,
-                        gpu_model: n.gpu_model,
-                        gpu_count: n.gpu_count,
-                        gpu_memory_mb: 0,
-                    })
-                    .collect(),
-            }],
-        });
+        return Ok(sim::setup::inventory_of(&list));
     }
     Ok(match args.capacity {
         Some(0) => bail!("--capacity must be at least 1 GPU"),
@@ -128,48 +124,14 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             );
         }
     };
-    let content = std::fs::read_to_string(&args.trace)
+    let content = read_text(&args.trace)
         .with_context(|| format!("cannot read trace {}", args.trace.display()))?;
     let trace = parse_trace(&args.trace.display().to_string(), &content, format)?;
     let policy = loaded.policy;
 
-    let default_class = match &args.priority {
-        Some(p) => {
-            if !policy.priority_classes.contains_key(p) {
-                bail!(
-                    "unknown priority class {p:?}; the policy has: {}",
-                    policy
-                        .priority_classes
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-            }
-            p.clone()
-        }
-        None if policy.priority_classes.contains_key("training") => "training".to_string(),
-        None => policy.settings.default_priority_class.clone(),
-    };
-    let jobs: Vec<SimJob> = trace
-        .jobs
-        .iter()
-        .map(|j| SimJob {
-            name: j.name.clone(),
-            submit_time_s: j.submit_time_s,
-            duration_s: j.duration_s,
-            gpus_per_replica: j.gpus_per_replica,
-            replicas: j.replicas,
-            allow_spread: j.allow_spread,
-            team: j.team.clone(),
-            priority_class: j
-                .priority
-                .clone()
-                .filter(|p| policy.priority_classes.contains_key(p))
-                .unwrap_or_else(|| default_class.clone()),
-            gpu_model: j.gpu_model.clone(),
-        })
-        .collect();
+    let default_class =
+        sim::setup::default_class(&policy, args.priority.as_deref()).map_err(anyhow::Error::msg)?;
+    let jobs = sim::setup::jobs_of(&trace, &policy, &default_class);
 
     let inventory = inventory_of(&args, &policy, &jobs)?;
     let capacity: Milli = State::new(std::sync::Arc::new(policy.clone()), &inventory).capacity();

@@ -9,6 +9,7 @@ mod baseline;
 mod guarantee;
 mod replay;
 mod report;
+pub mod setup;
 pub mod trace;
 
 pub use baseline::{Mode, complete_policy, static_policy};

@@ -167,19 +167,22 @@ mod test_support {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative)
     }
 
-    /// A file of the shared trace directory (`../shared/traces` beside the
-    /// repository root). A missing file fails the test rather than skipping it:
-    /// these tests are the only check against the real traces, and a skip
-    /// would let a broken parser pass unnoticed.
+    /// A full trace file (`../shared/traces/<relative>`), from the gzipped
+    /// copy kept in `testdata/traces/full/` so that the tests need nothing
+    /// outside the repository. A missing file fails the test rather than
+    /// skipping it: these tests are the only check against the real traces.
     pub(super) fn read_shared_trace(relative: &str) -> String {
-        let path = manifest_path(&format!("../../../shared/traces/{relative}"));
-        std::fs::read_to_string(&path).unwrap_or_else(|error| {
-            panic!(
-                "cannot read the shared trace {}: {error}; these tests need the \
-                 shared trace data checked out at ../shared/traces beside the repository",
-                path.display()
-            )
-        })
+        use std::io::Read as _;
+        let name = relative.rsplit('/').next().unwrap_or(relative);
+        let path = manifest_path(&format!("testdata/traces/full/{name}.gz"));
+        let file = std::fs::File::open(&path).unwrap_or_else(|error| {
+            panic!("cannot read the full trace {}: {error}", path.display())
+        });
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(file)
+            .read_to_string(&mut text)
+            .unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+        text
     }
 
     pub(super) fn parse_err(content: &str, format: TraceFormat) -> TraceError {
