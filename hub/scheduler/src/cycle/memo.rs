@@ -8,7 +8,7 @@ use axle_policy::{MILLI_PER_GPU, Milli};
 
 use super::work::Work;
 use crate::state::QueueKey;
-use crate::types::PendingReason;
+use crate::types::{PendingReason, WorkloadSpec};
 
 /// What makes two requests of a cycle interchangeable for feasibility: if one
 /// failed, the other fails too (capacity only shrinks and usage only grows
@@ -43,6 +43,21 @@ pub(super) fn dominated(
         .range(first..)
         .take_while(|(f, _)| f.team == key.team && f.class == key.class)
         .any(|(f, _)| f.dominates(key))
+}
+
+impl<'a> ShapeKey<'a> {
+    /// The shape of `spec` for `team` and `class`.
+    pub(super) fn of(spec: &'a WorkloadSpec, team: u32, class: u16) -> ShapeKey<'a> {
+        ShapeKey {
+            team,
+            class,
+            model: spec.gpu_model.as_deref(),
+            gpus: spec.gpus_per_replica,
+            replicas: spec.replicas,
+            spread: spec.allow_spread,
+            regions: &spec.regions,
+        }
+    }
 }
 
 impl ShapeKey<'_> {

@@ -132,16 +132,8 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
             );
             if let Err(mut reason) = result {
                 if opts.explain {
-                    let shape = ShapeKey {
-                        team: 0,
-                        class,
-                        model: spec.gpu_model.as_deref(),
-                        gpus: spec.gpus_per_replica,
-                        replicas: spec.replicas,
-                        spread: spec.allow_spread,
-                        regions: &spec.regions,
-                    };
-                    let n = in_line.entry(shape).or_insert(0);
+                    // Every team's requests of the shape, at this priority.
+                    let n = in_line.entry(ShapeKey::of(spec, 0, class)).or_insert(0);
                     *n += 1;
                     if let PendingReason::NoFreeCapacity { queue_position, .. } = &mut reason {
                         *queue_position = Some(*n);
@@ -186,15 +178,7 @@ impl<'s> Work<'s> {
         searches_left: &mut usize,
         out: &mut Decisions,
     ) -> Result<(), PendingReason> {
-        let key = ShapeKey {
-            team,
-            class,
-            model: spec.gpu_model.as_deref(),
-            gpus: spec.gpus_per_replica,
-            replicas: spec.replicas,
-            spread: spec.allow_spread,
-            regions: &spec.regions,
-        };
+        let key = ShapeKey::of(spec, team, class);
         if let Some(r) = failed.get(&key) {
             return Err(if self.explain {
                 r.clone()

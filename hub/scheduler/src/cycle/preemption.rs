@@ -84,6 +84,17 @@ struct Cand {
 /// array, so a scope costs what it touches.
 type Overlay = BTreeMap<u32, GpuFree>;
 
+/// One request looking for victims in one scope.
+#[derive(Clone, Copy)]
+struct Search<'a> {
+    spec: &'a WorkloadSpec,
+    team: u32,
+    class: u16,
+    choice: ModelChoice,
+    cluster: u32,
+    nodes: &'a [u32],
+}
+
 impl<'s> Work<'s> {
     /// Could a workload of this team and class make room by preempting?
     pub(super) fn may_preempt(&self, team: u32, class: u16) -> bool {
@@ -324,9 +335,15 @@ impl<'s> Work<'s> {
                     cands.extend(own.iter().filter(|c| !here.contains(&c.id)).copied());
                 }
                 cands.sort_unstable_by_key(|c| c.rank);
-                let Some(victims) =
-                    self.pick_in_scope(spec, team, class, choice, cluster, &nodes, &cands)
-                else {
+                let search = Search {
+                    spec,
+                    team,
+                    class,
+                    choice,
+                    cluster,
+                    nodes: &nodes,
+                };
+                let Some(victims) = self.pick_in_scope(search, &cands) else {
                     if let Some(e) = extra_left.as_mut() {
                         *e -= 1;
                     }
@@ -402,20 +419,17 @@ impl<'s> Work<'s> {
     }
 
     /// Victims in one scope (candidates ranked cheapest first), or None.
-    #[allow(clippy::too_many_arguments)]
-    fn pick_in_scope(
-        &self,
-        spec: &WorkloadSpec,
-        team: u32,
-        class: u16,
-        choice: ModelChoice,
-        cluster: u32,
-        nodes: &[u32],
-        cands: &[Cand],
-    ) -> Option<Vec<Victim>> {
+    fn pick_in_scope(&self, q: Search<'_>, cands: &[Cand]) -> Option<Vec<Victim>> {
+        let Search {
+            spec,
+            team,
+            choice,
+            cluster,
+            nodes,
+            ..
+        } = q;
         let order: Vec<usize> = (0..cands.len()).collect();
-        let (mut found, refused) =
-            self.pick(spec, team, class, choice, cluster, nodes, cands, &order);
+        let (mut found, refused) = self.pick(q, cands, &order);
         // Cheaper picks of a team may free nothing this request can use and
         // still spend that team's room above its guarantee, so a victim that
         // would help is refused: retry with it first.
@@ -426,9 +440,7 @@ impl<'s> Work<'s> {
             let mut o = Vec::with_capacity(order.len());
             o.push(first);
             o.extend(order.iter().copied().filter(|&i| i != first));
-            found = self
-                .pick(spec, team, class, choice, cluster, nodes, cands, &o)
-                .0;
+            found = self.pick(q, cands, &o).0;
         }
         let (mut free, mut chosen, mut freed_own) = found?;
         // Drop victims that turned out unnecessary, newest choice last.
@@ -470,18 +482,21 @@ impl<'s> Work<'s> {
     /// free overlay, the victims and the GPUs freed from the team's own
     /// quota once the request fits, and the candidates refused because
     /// their team would drop below its guarantee.
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    #[allow(clippy::type_complexity)]
     fn pick(
         &self,
-        spec: &WorkloadSpec,
-        team: u32,
-        class: u16,
-        choice: ModelChoice,
-        cluster: u32,
-        nodes: &[u32],
+        q: Search<'_>,
         cands: &[Cand],
         order: &[usize],
     ) -> (Option<(Overlay, Vec<Victim>, Milli)>, Vec<usize>) {
+        let Search {
+            spec,
+            team,
+            class,
+            choice,
+            cluster,
+            nodes,
+        } = q;
         let info = &self.s.cat.teams[team as usize];
         let (qclass, guaranteed, _) = &info.slots[choice.slot as usize];
         let mut free: Overlay = BTreeMap::new();
