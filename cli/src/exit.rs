@@ -37,7 +37,7 @@ The hub URL comes from --hub or $AXLE_HUB (default http://127.0.0.1:7070).";
 
 /// Printed after an unreachable-hub error.
 pub const UNREACHABLE_HINT: &str =
-    "is the hub running? start one with: cargo run --release --bin axle-hub -- --dev";
+    "is the hub running? start the dev stack with: cargo run --release --bin axle-dev";
 
 /// A value the user gave is wrong in a way clap could not see (exit 2).
 #[derive(Debug, thiserror::Error)]

@@ -2,10 +2,12 @@
 //! `BurstProvider`, `Settings`) loaded from a directory tree with precise
 //! `file:line:column` diagnostics, validated into the [`Policy`] model.
 //!
-//! Entry points: [`load_dir`], [`load_sources`], [`json_schema`].
+//! Entry points: [`load_dir`], [`load_sources`], [`json_schema`], and
+//! [`example::example_policy`].
 
 pub mod diag;
 mod document;
+pub mod example;
 pub mod file;
 mod load;
 pub mod model;

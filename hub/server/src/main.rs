@@ -21,7 +21,7 @@ struct Args {
     /// gRPC address (spokes and the user API).
     #[arg(long, env = "AXLE_GRPC", default_value = "127.0.0.1:7071")]
     grpc: SocketAddr,
-    /// Where the store, logs and (in --dev) spoke work dirs live.
+    /// Where the store and workload logs live.
     #[arg(long, env = "AXLE_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// Policy repository (directory of YAML documents).
@@ -30,16 +30,14 @@ struct Args {
     /// Shared secret spokes must present.
     #[arg(long, env = "AXLE_SPOKE_TOKEN")]
     spoke_token: Option<String>,
-    /// One command, one machine: the example policy (unless --policy), a
-    /// temporary data dir (unless --data-dir) and two in-process spokes with
-    /// declared GPUs (eu-1: 2 nodes × 8 H100, us-1: 1 node × 4 A100).
+    /// The hub with nothing to set up: the example policy (unless
+    /// --policy) and a temporary data dir (unless --data-dir). For the whole
+    /// dev stack with spokes, run `axle-dev`.
     #[arg(long)]
     dev: bool,
 }
 
 fn main() -> ExitCode {
-    // Workload processes are started through this executable as a shim.
-    axle_spoke_agent::maybe_run_shim();
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -105,8 +103,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     if args.dev {
-        dev::run(data_dir, policy, listeners, shutdown).await
-    } else {
-        server::run(data_dir, policy, args.spoke_token, listeners, shutdown).await
+        eprintln!(
+            "axle-hub --dev: example policy, data in {}; no spokes (run `axle-dev` for the whole stack)",
+            data_dir.display()
+        );
     }
+    server::run(data_dir, policy, args.spoke_token, listeners, shutdown).await
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use axle_hub::{dev, server};
+use axle_hub::server;
 use axle_proto::pb;
 use axle_proto::pb::user_service_client::UserServiceClient;
 
@@ -17,7 +17,7 @@ async fn start_hub() -> (String, tokio::sync::oneshot::Sender<()>, tempfile::Tem
     .expect("bind");
     let grpc = listeners.grpc.local_addr().expect("addr");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let policy = dev::example_policy().expect("example policy");
+    let policy = axle_hub::dev::example_policy().expect("example policy");
     let dir = data.path().to_path_buf();
     tokio::spawn(async move {
         let stop = async move {

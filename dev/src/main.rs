@@ -1,0 +1,191 @@
+//! `axle-dev`: Axle's dev stack with one command — a hub on the embedded
+//! example policy and a temporary data dir, and two in-process spokes with
+//! the local driver and declared GPUs (eu-1: 2 nodes × 8 H100, us-1: 1 node
+//! × 4 A100). It links the hub and the spoke agent; the production
+//! `axle-hub` links no spoke code.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use axle_policy::Policy;
+use axle_spoke_agent::{GpuSpec, NodeSpec, SpokeConfig};
+use clap::Parser;
+use tracing::error;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "axle-dev",
+    version,
+    about = "Axle's dev stack: a hub and two local spokes with declared GPUs, on one machine"
+)]
+struct Args {
+    /// HTTP/JSON API address.
+    #[arg(long, env = "AXLE_HTTP", default_value = "127.0.0.1:7070")]
+    http: SocketAddr,
+    /// gRPC address (spokes and the user API).
+    #[arg(long, env = "AXLE_GRPC", default_value = "127.0.0.1:7071")]
+    grpc: SocketAddr,
+    /// Where the store, logs and spoke work dirs live (default: a temporary dir).
+    #[arg(long, env = "AXLE_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Policy repository (default: the embedded example policy).
+    #[arg(long, env = "AXLE_POLICY")]
+    policy: Option<PathBuf>,
+}
+
+/// The dev spokes: eu-1 with 2 nodes × 8 H100 80GB, us-1 with 1 node × 4 A100 80GB.
+fn dev_spokes(grpc_url: &str, data_dir: &std::path::Path, policy: &Policy) -> Vec<SpokeConfig> {
+    let node = |name: &str, n: u32, model: &str| NodeSpec {
+        name: name.to_string(),
+        gpus: (0..n)
+            .map(|index| GpuSpec {
+                index,
+                model: model.to_string(),
+                memory_mb: 80 * 1024,
+            })
+            .collect(),
+    };
+    let region = |c: &str, default: &str| {
+        policy
+            .clusters
+            .get(c)
+            .map(|x| x.region.clone())
+            .unwrap_or_else(|| default.to_string())
+    };
+    vec![
+        SpokeConfig {
+            hub_url: grpc_url.to_string(),
+            cluster: "eu-1".into(),
+            region: region("eu-1", "eu-west"),
+            labels: Default::default(),
+            nodes: vec![node("node-0", 8, "H100"), node("node-1", 8, "H100")],
+            data_dir: data_dir.join("spokes/eu-1"),
+            token: None,
+        },
+        SpokeConfig {
+            hub_url: grpc_url.to_string(),
+            cluster: "us-1".into(),
+            region: region("us-1", "us-east"),
+            labels: Default::default(),
+            nodes: vec![node("node-0", 4, "A100")],
+            data_dir: data_dir.join("spokes/us-1"),
+            token: None,
+        },
+    ]
+}
+
+async fn run(
+    data_dir: PathBuf,
+    policy: Policy,
+    listeners: axle_hub::server::Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let http = listeners.http.local_addr()?;
+    let grpc = listeners.grpc.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let spokes = dev_spokes(&format!("http://{grpc}"), &data_dir, &policy);
+    let mut tasks = Vec::new();
+    for cfg in spokes {
+        let mut rx = stop_rx.clone();
+        let name = cfg.cluster.clone();
+        tasks.push(tokio::spawn(async move {
+            let stop = async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            if let Err(e) = axle_spoke_agent::run(cfg, stop).await {
+                error!("dev spoke {name} failed: {e:#}");
+            }
+        }));
+    }
+    println!(
+        "\nAxle hub (dev) is up: HTTP http://{http}  gRPC {grpc}  data {}\n\
+         spokes: eu-1 (2 nodes × 8 H100, {}), us-1 (1 node × 4 A100, {})\n\
+         teams: {}\n\n\
+         try, in another terminal (AXLE_HUB=http://{http}):\n  \
+         cargo run --release --bin axle -- submit --team vision --gpus 0.25 --priority development -- sleep 60\n  \
+         cargo run --release --bin axle -- submit --team nlp --gpus 8 --gang 2 --priority training -- sleep 120\n  \
+         cargo run --release --bin axle -- get workloads\n  \
+         cargo run --release --bin axle -- get teams\n",
+        data_dir.display(),
+        policy
+            .clusters
+            .get("eu-1")
+            .map(|c| c.region.as_str())
+            .unwrap_or("eu-west"),
+        policy
+            .clusters
+            .get("us-1")
+            .map(|c| c.region.as_str())
+            .unwrap_or("us-east"),
+        policy.teams.keys().cloned().collect::<Vec<_>>().join(", "),
+    );
+    let hub_shutdown = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
+    let res = axle_hub::server::run(data_dir, policy, None, listeners, hub_shutdown).await;
+    for t in tasks {
+        let _ = t.await;
+    }
+    res
+}
+
+fn main() -> ExitCode {
+    // Workload processes are started through this executable as a shim.
+    axle_spoke_agent::maybe_run_shim();
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(start(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn start(args: Args) -> anyhow::Result<()> {
+    let policy = match &args.policy {
+        Some(dir) => match axle_policy::load_dir(dir) {
+            Ok(l) => l.policy,
+            Err(f) => {
+                eprintln!("{f}");
+                anyhow::bail!("policy {} has errors", dir.display());
+            }
+        },
+        None => axle_hub::dev::example_policy().context("the embedded example policy")?,
+    };
+    let data_dir = match &args.data_dir {
+        Some(d) => d.clone(),
+        None => axle_hub::dev::temp_data_dir()?,
+    };
+    let listeners = axle_hub::server::Listeners::bind(args.http, args.grpc).await?;
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot handle SIGTERM")?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = sigterm.recv() => {}
+        }
+    };
+    run(data_dir, policy, listeners, shutdown).await
+}
