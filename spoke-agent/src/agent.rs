@@ -1,20 +1,19 @@
-//! The spoke agent's core: one task that owns all spoke state (what runs,
-//! what waits for GPUs, what the hub still has to hear) and reacts to hub
-//! messages, workload events, timers and shutdown. Workloads themselves run in
-//! their own supervisor tasks (`driver.rs`); the hub connection in `session.rs`.
+//! The spoke agent's generic core: one task that owns the spoke's side of
+//! the hub session (registration, heartbeats, what the hub still has to hear,
+//! self-fencing, shutdown) and hands workloads to a [`Driver`], which owns
+//! how they run (`driver/`). The hub connection itself is in `session.rs`.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::time::Duration;
 
 use axle_proto::pb;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::SpokeConfig;
-use crate::driver::{self, DriverCtx, SPAWN_FAILED_EXIT_CODE, StopCause, StopRequest};
+use crate::driver::local::make_status;
+use crate::driver::{Driver, StopCause};
 use crate::event::Event;
-use crate::ledger::{self, Demand, Holder};
 use crate::outbox::{Outbox, RESEND_WINDOW, Terminals};
 
 /// Heartbeat interval when the hub's `Registered` does not name one.
@@ -28,18 +27,8 @@ pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
 /// Longest grace period honoured: bounds how long a stop (and the spoke's
 /// shutdown) can take.
 pub const MAX_GRACE_PERIOD: Duration = Duration::from_secs(3600);
-/// How long an assignment may wait for its GPUs to be released. Waiting on a
-/// stopping workload takes at most its grace period; anything longer means
-/// hub and spoke disagree about what runs here, and the assignment fails
-/// with the reason instead of hanging.
-pub const GPU_WAIT_TIMEOUT: Duration = Duration::from_secs(300);
-/// How often a wait that no stop explains is logged again.
-pub const GPU_WAIT_WARN_INTERVAL: Duration = Duration::from_secs(10);
-/// How often waiting assignments are re-checked (timeouts, warnings).
-const GPU_WAIT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
-/// Assignments that may wait for GPUs at once: a spoke has at most a few
-/// hundred GPU shares, so more waiting assignments than this is a hub bug.
-pub const MAX_PENDING_ASSIGNS: usize = 1024;
+/// How often the driver's periodic work runs while it wants it.
+const DRIVER_TICK_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a shutting-down spoke tries to deliver its last statuses.
 pub const SHUTDOWN_FLUSH_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -52,36 +41,16 @@ pub enum Input {
     Hub(pb::HubMessage),
 }
 
-/// A workload whose processes may be alive.
-struct Live {
-    epoch: u64,
-    shares: Demand,
-    stop_tx: watch::Sender<Option<StopRequest>>,
-    stopping: bool,
-    grace: Duration,
-}
-
-/// An assignment waiting for its GPUs (or for an older epoch to stop).
-struct Pending {
-    assign: pb::Assign,
-    shares: Demand,
-    grace: Duration,
-    since: Instant,
-    last_warned: Option<Instant>,
-}
-
 struct Conn {
     tx: mpsc::Sender<pb::SpokeMessage>,
     /// The hub answered Register; only then does the outbox drain.
     registered: bool,
 }
 
-pub struct Agent {
+pub struct Agent<D: Driver> {
     config: SpokeConfig,
     instance_id: String,
-    driver: DriverCtx,
-    live: BTreeMap<u64, Live>,
-    pending: VecDeque<Pending>,
+    driver: D,
     outbox: Outbox,
     terminals: Terminals,
     conn: Option<Conn>,
@@ -97,6 +66,9 @@ pub struct Agent {
     last_ack: Instant,
     /// The workloads were stopped for lack of word from the hub; cleared by the next ack.
     fenced: bool,
+    /// Connected, but the driver does not know its inventory yet:
+    /// `Register` waits for it.
+    register_due: bool,
 }
 
 /// A random-enough id per spoke process: pid plus the clock's nanoseconds.
@@ -108,27 +80,11 @@ pub fn new_instance_id() -> String {
     format!("{:x}-{:x}", std::process::id(), nanos)
 }
 
-fn resolve_grace(seconds: u64) -> Duration {
+pub(crate) fn resolve_grace(seconds: u64) -> Duration {
     if seconds == 0 {
         DEFAULT_GRACE_PERIOD
     } else {
         Duration::from_secs(seconds).min(MAX_GRACE_PERIOD)
-    }
-}
-
-fn make_status(
-    workload_id: u64,
-    epoch: u64,
-    phase: pb::Phase,
-    exit_code: i32,
-    message: String,
-) -> pb::WorkloadStatus {
-    pb::WorkloadStatus {
-        workload_id,
-        epoch,
-        phase: phase as i32,
-        exit_code,
-        message,
     }
 }
 
@@ -146,15 +102,6 @@ fn stop_reason_text(stop: &pb::Stop) -> String {
     }
 }
 
-fn holders(live: &BTreeMap<u64, Live>) -> impl Iterator<Item = Holder<'_>> {
-    live.iter().map(|(id, l)| Holder {
-        workload_id: *id,
-        epoch: l.epoch,
-        stopping: l.stopping,
-        shares: &l.shares,
-    })
-}
-
 async fn reserve(
     tx: Option<mpsc::Sender<pb::SpokeMessage>>,
 ) -> Option<mpsc::OwnedPermit<pb::SpokeMessage>> {
@@ -164,14 +111,12 @@ async fn reserve(
     }
 }
 
-impl Agent {
-    pub fn new(config: SpokeConfig, driver: DriverCtx) -> Self {
+impl<D: Driver> Agent<D> {
+    pub fn new(config: SpokeConfig, driver: D) -> Self {
         Agent {
             config,
             instance_id: new_instance_id(),
             driver,
-            live: BTreeMap::new(),
-            pending: VecDeque::new(),
             outbox: Outbox::default(),
             terminals: Terminals::default(),
             conn: None,
@@ -182,6 +127,7 @@ impl Agent {
             fence_after: Duration::ZERO,
             last_ack: Instant::now(),
             fenced: false,
+            register_due: false,
         }
     }
 
@@ -193,11 +139,11 @@ impl Agent {
         shutdown: impl Future<Output = ()>,
     ) -> anyhow::Result<()> {
         let mut shutdown = std::pin::pin!(shutdown);
-        let mut gpu_check = tokio::time::interval(GPU_WAIT_CHECK_INTERVAL);
-        gpu_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut driver_tick = tokio::time::interval(DRIVER_TICK_INTERVAL);
+        driver_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         tracing::info!(cluster = %self.config.cluster, instance_id = %self.instance_id, "spoke agent running");
         loop {
-            if self.shutting_down && self.live.is_empty() {
+            if self.shutting_down && self.driver.is_idle() {
                 break;
             }
             let registered = self.conn.as_ref().filter(|c| c.registered);
@@ -210,7 +156,8 @@ impl Agent {
             let fence_on = !self.fence_after.is_zero()
                 && !self.fenced
                 && !self.shutting_down
-                && (!self.live.is_empty() || !self.pending.is_empty());
+                && !self.driver.running().is_empty();
+            let wants_tick = self.driver.wants_tick();
             let fence_at = self.last_ack + self.fence_after;
             tokio::select! {
                 () = &mut shutdown, if !self.shutting_down => self.begin_shutdown(),
@@ -221,7 +168,10 @@ impl Agent {
                 Some(event) = events.recv() => self.on_event(event),
                 permit = reserve(sender), if can_send => self.send_one(permit),
                 () = tokio::time::sleep_until(next_heartbeat), if heartbeat_on => self.send_heartbeat(),
-                _ = gpu_check.tick(), if !self.pending.is_empty() => self.check_pending(),
+                _ = driver_tick.tick(), if wants_tick => {
+                    let terminals = self.driver.tick();
+                    self.emit_terminals(terminals);
+                }
                 () = tokio::time::sleep_until(fence_at), if fence_on => self.fence(),
             }
         }
@@ -230,23 +180,51 @@ impl Agent {
         Ok(())
     }
 
-    /// Every accepted assignment not yet terminal: live ones, and those
-    /// waiting for GPUs, which will start here (a hub that restarts must not
-    /// take them for lost and run them elsewhere too).
-    fn running(&self) -> Vec<pb::RunningWorkload> {
-        let live = self.live.iter().map(|(id, l)| pb::RunningWorkload {
-            workload_id: *id,
-            epoch: l.epoch,
-        });
-        let waiting = self.pending.iter().map(|p| pb::RunningWorkload {
-            workload_id: p.assign.workload_id,
-            epoch: p.assign.epoch,
-        });
-        live.chain(waiting).collect()
+    fn nodes(&self) -> Vec<pb::Node> {
+        self.driver
+            .nodes()
+            .unwrap_or_default()
+            .iter()
+            .map(pb::Node::from)
+            .collect()
     }
 
-    fn nodes(&self) -> Vec<pb::Node> {
-        self.config.nodes.iter().map(pb::Node::from).collect()
+    /// Sends `Register` on the open session, once the driver knows its nodes.
+    fn register(&mut self) {
+        let Some(conn) = self.conn.as_ref() else {
+            return;
+        };
+        if self.driver.nodes().is_none() {
+            tracing::info!("connected; registering once the cluster's inventory is known");
+            self.register_due = true;
+            return;
+        }
+        self.register_due = false;
+        let register = pb::Register {
+            cluster: self.config.cluster.clone(),
+            region: self.config.region.clone(),
+            labels: self
+                .config
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            nodes: self.nodes(),
+            instance_id: self.instance_id.clone(),
+            token: self.config.token.clone().unwrap_or_default(),
+            running: self.driver.running(),
+        };
+        let msg = pb::SpokeMessage {
+            msg: Some(pb::spoke_message::Msg::Register(register)),
+        };
+        // A fresh channel has room, so this cannot be Full.
+        if let Err(e) = conn.tx.try_send(msg) {
+            tracing::warn!(error = %e, "cannot send Register");
+        }
+        tracing::info!(
+            running = self.driver.running().len(),
+            "connected to the hub; registering"
+        );
     }
 
     fn on_input(&mut self, input: Input) {
@@ -256,35 +234,11 @@ impl Agent {
                     // Nothing new to say; keep the old session (if any) for the flush.
                     return;
                 }
-                let register = pb::Register {
-                    cluster: self.config.cluster.clone(),
-                    region: self.config.region.clone(),
-                    labels: self
-                        .config
-                        .labels
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect(),
-                    nodes: self.nodes(),
-                    instance_id: self.instance_id.clone(),
-                    token: self.config.token.clone().unwrap_or_default(),
-                    running: self.running(),
-                };
-                let msg = pb::SpokeMessage {
-                    msg: Some(pb::spoke_message::Msg::Register(register)),
-                };
-                // A fresh channel has room, so this cannot be Full.
-                if let Err(e) = tx.try_send(msg) {
-                    tracing::warn!(error = %e, "cannot send Register");
-                }
-                tracing::info!(
-                    running = self.live.len(),
-                    "connected to the hub; registering"
-                );
                 self.conn = Some(Conn {
                     tx,
                     registered: false,
                 });
+                self.register();
             }
             Input::Disconnected => {
                 if self.conn.take().is_some() {
@@ -359,7 +313,7 @@ impl Agent {
         let msg = pb::SpokeMessage {
             msg: Some(pb::spoke_message::Msg::Heartbeat(pb::Heartbeat {
                 nodes: self.nodes(),
-                running: self.running(),
+                running: self.driver.running(),
             })),
         };
         // A full stream means the hub is not reading; skipping one beat is
@@ -374,14 +328,16 @@ impl Agent {
         self.outbox.push_status(status);
     }
 
+    fn emit_terminals(&mut self, statuses: Vec<pb::WorkloadStatus>) {
+        for s in statuses {
+            self.emit_terminal(s);
+        }
+    }
+
     fn on_event(&mut self, event: Event) {
         match event {
             Event::Started { workload_id, epoch } => {
-                if self
-                    .live
-                    .get(&workload_id)
-                    .is_some_and(|l| l.epoch == epoch)
-                {
+                if self.driver.is_running(workload_id, epoch) {
                     self.outbox.push_status(make_status(
                         workload_id,
                         epoch,
@@ -393,29 +349,16 @@ impl Agent {
             }
             Event::Log(chunk) => self.outbox.push_log(chunk),
             Event::Finished(status) => {
-                if self
-                    .live
-                    .get(&status.workload_id)
-                    .is_some_and(|l| l.epoch == status.epoch)
-                {
-                    self.live.remove(&status.workload_id);
-                }
+                let more = self.driver.finished(&status);
                 self.emit_terminal(status);
-                self.start_ready();
+                self.emit_terminals(more);
+            }
+            Event::Inventory => {
+                if self.register_due {
+                    self.register();
+                }
             }
         }
-    }
-
-    /// Refuses an assignment: it never starts, and the hub learns why.
-    fn reject(&mut self, id: u64, epoch: u64, message: String) {
-        tracing::warn!(workload_id = id, epoch, %message, "rejecting assignment");
-        self.emit_terminal(make_status(
-            id,
-            epoch,
-            pb::Phase::Failed,
-            SPAWN_FAILED_EXIT_CODE,
-            message,
-        ));
     }
 
     fn on_assign(&mut self, assign: pb::Assign) {
@@ -438,245 +381,26 @@ impl Agent {
             self.outbox.push_status(status);
             return;
         }
-        if let Some(live) = self.live.get_mut(&id) {
-            if live.epoch == epoch {
-                tracing::debug!(
-                    workload_id = id,
-                    epoch,
-                    "assignment already running; ignored"
-                );
-                return;
-            }
-            if live.epoch > epoch {
-                tracing::warn!(
-                    workload_id = id,
-                    epoch,
-                    running_epoch = live.epoch,
-                    "ignoring assignment older than the running epoch"
-                );
-                return;
-            }
-            if !live.stopping {
-                tracing::info!(
-                    workload_id = id,
-                    old_epoch = live.epoch,
-                    epoch,
-                    "new epoch assigned; stopping the old copy first"
-                );
-                live.stopping = true;
-                live.stop_tx.send_replace(Some(StopRequest {
-                    grace: live.grace,
-                    cause: StopCause::Superseded { by_epoch: epoch },
-                }));
-            }
-        }
-        if let Some(pos) = self.pending.iter().position(|p| p.assign.workload_id == id) {
-            let waiting_epoch = self.pending[pos].assign.epoch;
-            if waiting_epoch == epoch {
-                tracing::debug!(
-                    workload_id = id,
-                    epoch,
-                    "assignment already waiting; ignored"
-                );
-                return;
-            }
-            if waiting_epoch > epoch {
-                tracing::warn!(
-                    workload_id = id,
-                    epoch,
-                    waiting_epoch,
-                    "ignoring assignment older than the waiting epoch"
-                );
-                return;
-            }
-            self.pending.remove(pos);
-            self.emit_terminal(make_status(
-                id,
-                waiting_epoch,
-                pb::Phase::Stopped,
-                0,
-                format!("superseded by epoch {epoch} before it started"),
-            ));
-        }
-        let shares = match ledger::demand(&assign, &self.config.nodes) {
-            Ok(shares) => shares,
-            Err(message) => {
-                self.reject(id, epoch, message);
-                return;
-            }
-        };
-        if self.pending.len() >= MAX_PENDING_ASSIGNS {
-            let message =
-                format!("{MAX_PENDING_ASSIGNS} assignments already wait for GPUs on this spoke");
-            self.reject(id, epoch, message);
-            return;
-        }
-        let grace = resolve_grace(assign.grace_period_s);
-        self.pending.push_back(Pending {
-            assign,
-            shares,
-            grace,
-            since: Instant::now(),
-            last_warned: None,
-        });
-        self.start_ready();
-        if let Some(p) = self.pending.iter_mut().find(|p| p.assign.workload_id == id) {
-            let found = ledger::conflicts(holders(&self.live), &p.shares);
-            if found.is_empty() {
-                tracing::info!(workload_id = id, epoch, "waiting for the old epoch to stop");
-            } else if found.iter().all(|c| c.all_stopping()) {
-                tracing::info!(
-                    workload_id = id,
-                    epoch,
-                    "waiting for GPUs held by stopping workloads"
-                );
-            } else {
-                p.last_warned = Some(Instant::now());
-                let detail: Vec<String> = found.iter().map(ToString::to_string).collect();
-                tracing::warn!(workload_id = id, epoch, conflicts = %detail.join("; "), "assignment would over-commit GPUs; waiting for the hub to stop something");
-            }
-        }
-    }
-
-    /// Starts every waiting assignment whose GPUs are free and whose older
-    /// epoch is gone, in arrival order.
-    fn start_ready(&mut self) {
-        let mut i = 0;
-        while i < self.pending.len() {
-            let p = &self.pending[i];
-            let blocked = self.live.contains_key(&p.assign.workload_id)
-                || !ledger::conflicts(holders(&self.live), &p.shares).is_empty();
-            if blocked {
-                i += 1;
-                continue;
-            }
-            if let Some(p) = self.pending.remove(i) {
-                self.start(p);
-            }
-        }
-    }
-
-    fn start(&mut self, p: Pending) {
-        let (stop_tx, stop_rx) = watch::channel(None);
-        let id = p.assign.workload_id;
-        let epoch = p.assign.epoch;
-        tracing::info!(workload_id = id, epoch, name = %p.assign.name, team = %p.assign.team, "starting workload");
-        tokio::spawn(driver::supervise(
-            self.driver.clone(),
-            p.assign,
-            p.grace,
-            stop_rx,
-        ));
-        self.live.insert(
-            id,
-            Live {
-                epoch,
-                shares: p.shares,
-                stop_tx,
-                stopping: false,
-                grace: p.grace,
-            },
-        );
+        let terminals = self.driver.assign(assign);
+        self.emit_terminals(terminals);
     }
 
     fn on_stop(&mut self, stop: &pb::Stop) {
-        let id = stop.workload_id;
-        // Epoch 0 means "whatever epoch runs here" (the hub fencing off a copy it forgot).
-        let any_epoch = stop.epoch == 0;
         let why = stop_reason_text(stop);
-        let mut answered = false;
-        if let Some(live) = self.live.get_mut(&id)
-            && (any_epoch || live.epoch <= stop.epoch)
-        {
-            let grace = if stop.grace_period_s == 0 {
-                live.grace
-            } else {
-                resolve_grace(stop.grace_period_s)
-            };
-            tracing::info!(workload_id = id, epoch = live.epoch, reason = %why, grace_s = grace.as_secs(), "stopping workload");
-            live.stopping = true;
-            let cause = if stop.reason == pb::StopReason::Cancelled as i32 {
-                StopCause::Cancelled(why.clone())
-            } else {
-                StopCause::Hub(why.clone())
-            };
-            live.stop_tx
-                .send_replace(Some(StopRequest { grace, cause }));
-            // Its supervisor reports STOPPED once every process is gone.
-            answered = any_epoch || live.epoch == stop.epoch;
-        }
-        if let Some(pos) = self
-            .pending
-            .iter()
-            .position(|p| p.assign.workload_id == id && (any_epoch || p.assign.epoch <= stop.epoch))
-            && let Some(p) = self.pending.remove(pos)
-        {
-            answered = answered || any_epoch || p.assign.epoch == stop.epoch;
-            self.emit_terminal(make_status(
-                id,
-                p.assign.epoch,
-                pb::Phase::Stopped,
-                0,
-                format!("stopped by the hub before it started: {why}"),
-            ));
-        }
-        if !answered {
-            if let Some(status) = self.terminals.get(id, stop.epoch) {
+        let answer = self.driver.stop(stop, &why);
+        self.emit_terminals(answer.terminals);
+        if !answer.answered {
+            if let Some(status) = self.terminals.get(stop.workload_id, stop.epoch) {
                 // It already ended on its own: tell the hub how, again.
                 let status = status.clone();
                 self.outbox.push_status(status);
             } else {
                 self.emit_terminal(make_status(
-                    id,
+                    stop.workload_id,
                     stop.epoch,
                     pb::Phase::Stopped,
                     0,
                     format!("not running on this spoke ({why})"),
-                ));
-            }
-        }
-        self.start_ready();
-    }
-
-    fn check_pending(&mut self) {
-        self.start_ready();
-        let now = Instant::now();
-        let mut expired = Vec::new();
-        for (i, p) in self.pending.iter_mut().enumerate() {
-            let found = ledger::conflicts(holders(&self.live), &p.shares);
-            let detail: Vec<String> = found.iter().map(ToString::to_string).collect();
-            if now.duration_since(p.since) >= GPU_WAIT_TIMEOUT {
-                expired.push((i, detail.join("; ")));
-                continue;
-            }
-            let unexplained = found.iter().any(|c| !c.all_stopping());
-            let due = p
-                .last_warned
-                .is_none_or(|t| now.duration_since(t) >= GPU_WAIT_WARN_INTERVAL);
-            if unexplained && due {
-                p.last_warned = Some(now);
-                tracing::warn!(
-                    workload_id = p.assign.workload_id,
-                    epoch = p.assign.epoch,
-                    waited_s = now.duration_since(p.since).as_secs(),
-                    conflicts = %detail.join("; "),
-                    "assignment still waiting for GPUs that no stop will free"
-                );
-            }
-        }
-        for (i, detail) in expired.into_iter().rev() {
-            if let Some(p) = self.pending.remove(i) {
-                let message = format!(
-                    "waited {} s for GPUs that stayed in use: {detail}",
-                    GPU_WAIT_TIMEOUT.as_secs()
-                );
-                tracing::warn!(workload_id = p.assign.workload_id, epoch = p.assign.epoch, %message, "giving up on assignment");
-                self.emit_terminal(make_status(
-                    p.assign.workload_id,
-                    p.assign.epoch,
-                    pb::Phase::Failed,
-                    SPAWN_FAILED_EXIT_CODE,
-                    message,
                 ));
             }
         }
@@ -692,52 +416,19 @@ impl Agent {
             "no word from the hub for {} s: stopped so it can run elsewhere",
             self.fence_after.as_secs()
         );
-        tracing::warn!(workloads = self.live.len(), "{why}");
-        for live in self.live.values_mut() {
-            if live.stopping {
-                continue;
-            }
-            live.stopping = true;
-            live.stop_tx.send_replace(Some(StopRequest {
-                grace: live.grace,
-                cause: StopCause::Hub(why.clone()),
-            }));
-        }
-        let waiting: Vec<Pending> = self.pending.drain(..).collect();
-        for p in waiting {
-            self.emit_terminal(make_status(
-                p.assign.workload_id,
-                p.assign.epoch,
-                pb::Phase::Stopped,
-                0,
-                format!("stopped before it started: {why}"),
-            ));
-        }
+        tracing::warn!(workloads = self.driver.running().len(), "{why}");
+        let terminals = self.driver.stop_all(StopCause::Fenced(why));
+        self.emit_terminals(terminals);
     }
 
     fn begin_shutdown(&mut self) {
         tracing::info!(
-            workloads = self.live.len(),
+            workloads = self.driver.running().len(),
             "shutting down: stopping workloads"
         );
         self.shutting_down = true;
-        for live in self.live.values_mut() {
-            live.stopping = true;
-            live.stop_tx.send_replace(Some(StopRequest {
-                grace: live.grace,
-                cause: StopCause::Shutdown,
-            }));
-        }
-        let waiting: Vec<Pending> = self.pending.drain(..).collect();
-        for p in waiting {
-            self.emit_terminal(make_status(
-                p.assign.workload_id,
-                p.assign.epoch,
-                pb::Phase::Stopped,
-                0,
-                "the spoke is shutting down".into(),
-            ));
-        }
+        let terminals = self.driver.stop_all(StopCause::Shutdown);
+        self.emit_terminals(terminals);
     }
 
     /// Hands the last statuses to the stream, closes it, and waits (bounded)

@@ -1,5 +1,6 @@
-//! What a workload's supervisor tells the agent: started, a chunk of output,
-//! finished. Shared by the driver (which supervises) and the log pumps.
+//! What a driver's tasks tell the agent: a workload started, a chunk of its
+//! output, it finished; the inventory changed. Shared by the drivers and the
+//! log pumps.
 
 use axle_proto::pb;
 
@@ -15,4 +16,6 @@ pub enum Event {
     /// Every process of the workload is gone (its GPUs are free) and its log
     /// is flushed; carries the terminal status.
     Finished(pb::WorkloadStatus),
+    /// The driver's inventory changed (or became known).
+    Inventory,
 }

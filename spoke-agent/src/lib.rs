@@ -1,21 +1,19 @@
 //! Axle spoke agent: registers one cluster with the hub over an outbound gRPC
 //! stream, reports its GPU inventory and running workloads, and runs the
-//! workloads the hub assigns with the `local` driver (shimmed child processes).
+//! workloads the hub assigns through a [`driver::Driver`]: `local` (shimmed
+//! child processes on this host) or `kubernetes` (Jobs).
 //!
-//! Entry points: [`run`] (the binary and the hub's `--dev` mode),
+//! Entry points: [`run`] (the binary and the `axle-dev` stack),
 //! [`maybe_run_shim`] (first thing in every `main` that hosts a spoke),
 //! [`discover_gpus`] / [`parse_gpu_decl`] (inventory).
 
 mod agent;
 mod config;
-mod driver;
+pub mod driver;
 mod event;
-mod gpu;
-mod ledger;
 mod logs;
 mod outbox;
 mod session;
-mod shim;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -23,18 +21,17 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use tokio::sync::mpsc;
 
-pub use agent::{
-    DEFAULT_GRACE_PERIOD, DEFAULT_HEARTBEAT_INTERVAL, GPU_WAIT_TIMEOUT, MAX_GRACE_PERIOD,
-};
+pub use agent::{DEFAULT_GRACE_PERIOD, DEFAULT_HEARTBEAT_INTERVAL, MAX_GRACE_PERIOD};
 pub use config::{GpuSpec, NodeSpec, SpokeConfig};
-pub use gpu::{
+pub use driver::local::GPU_WAIT_TIMEOUT;
+pub use driver::local::gpu::{
     DiscoverError, GpuDeclError, build_nodes, discover_gpus, gpu_class, host_name, parse_gpu_decl,
     parse_nvidia_smi,
 };
+pub use driver::local::shim::{SHIM_ARG, maybe_run_shim};
 pub use logs::{LOG_FLUSH_INTERVAL, MAX_LOG_CHUNK_BYTES};
 pub use outbox::{MAX_OUTBOX_LOG_BYTES, RESEND_WINDOW};
 pub use session::{INITIAL_BACKOFF, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, MAX_BACKOFF};
-pub use shim::{SHIM_ARG, maybe_run_shim};
 
 /// Hub messages (and session changes) waiting for the agent. When the agent
 /// falls behind, the connection task stops reading the stream and HTTP/2 flow
@@ -88,7 +85,7 @@ fn sweep_checkpoints(root: &std::path::Path, retention: std::time::Duration) {
 pub struct RunOptions {
     /// The executable that runs the shim, i.e. whose `main` calls
     /// [`maybe_run_shim`]. Default: the current executable, which is right
-    /// for `axle-spoke` and `axle-hub --dev`, but not for a test binary.
+    /// for `axle-spoke` and `axle-dev`, but not for a test binary.
     pub shim_exe: Option<PathBuf>,
 }
 
@@ -131,11 +128,14 @@ pub async fn run_with(
     sweep_checkpoints(&config.data_dir.join("checkpoints"), CHECKPOINT_RETENTION);
     let (inputs_tx, inputs_rx) = mpsc::channel(INPUT_CHANNEL_CAPACITY);
     let (events_tx, events_rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
-    let driver = driver::DriverCtx {
-        shim_exe,
-        data_dir: config.data_dir.clone(),
-        events: events_tx,
-    };
+    let driver = driver::local::LocalDriver::new(
+        config.nodes.clone(),
+        driver::local::DriverCtx {
+            shim_exe,
+            data_dir: config.data_dir.clone(),
+            events: events_tx,
+        },
+    );
     let dialer = tokio::spawn(session::dial_loop(endpoint, inputs_tx));
     let result = agent::Agent::new(config, driver)
         .run(inputs_rx, events_rx, shutdown)

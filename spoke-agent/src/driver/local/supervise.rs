@@ -1,7 +1,7 @@
-//! The `local` driver: runs each replica of an assignment as a child process
-//! behind the shim (see `shim.rs`), in its own process group, pipes its output
-//! to the workload log, enforces stops, failures and the max runtime, and
-//! reports what happened to the agent.
+//! The local driver's supervisor of one workload: runs each replica of an
+//! assignment as a child process behind the shim (see `shim.rs`), in its own
+//! process group, pipes its output to the workload log, enforces stops,
+//! failures and the max runtime, and reports what happened to the agent.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::PermissionsExt;
@@ -18,9 +18,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::DriverCtx;
+use super::shim::{SHIM_ARG, SHIM_EXEC_FAILED_EXIT_CODE, SHIM_READY_MARKER, SIGNAL_EXIT_BASE};
+use crate::driver::{StopCause, StopRequest};
 use crate::event::Event;
 use crate::logs::{LOG_PIPE_CHANNEL_CAPACITY, pump, write_log};
-use crate::shim::{SHIM_ARG, SHIM_EXEC_FAILED_EXIT_CODE, SHIM_READY_MARKER, SIGNAL_EXIT_BASE};
 
 /// Exit code reported when a replica could not be started at all (the shell's
 /// "command not found / cannot execute" convention).
@@ -37,36 +39,6 @@ pub const SHIM_READY_TIMEOUT: Duration = Duration::from_secs(10);
 const FAR_FUTURE: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Highest signal number Linux uses, to recognise `128 + signal` exit codes.
 const MAX_SIGNAL: i32 = 64;
-
-/// Why a workload is being stopped from outside.
-#[derive(Debug, Clone)]
-pub enum StopCause {
-    /// The hub sent `Stop`; the text says why.
-    Hub(String),
-    /// The hub sent `Stop` because a user cancelled the workload: it will not
-    /// run again, so its checkpoints go too.
-    Cancelled(String),
-    /// The hub assigned a newer epoch of the same workload.
-    Superseded { by_epoch: u64 },
-    /// The spoke is shutting down.
-    Shutdown,
-}
-
-#[derive(Debug, Clone)]
-pub struct StopRequest {
-    /// Time between SIGTERM and SIGKILL.
-    pub grace: Duration,
-    pub cause: StopCause,
-}
-
-/// What every supervisor shares.
-#[derive(Debug, Clone)]
-pub struct DriverCtx {
-    /// The executable that runs the shim (normally the spoke's own).
-    pub shim_exe: PathBuf,
-    pub data_dir: PathBuf,
-    pub events: mpsc::Sender<Event>,
-}
 
 /// `<data_dir>/logs/<workload_id>-<epoch>.log`
 pub fn log_path(data_dir: &Path, workload_id: u64, epoch: u64) -> PathBuf {
@@ -119,7 +91,7 @@ pub fn replica_env(
     let devices: Vec<String> = replica.gpus.iter().map(|g| g.index.to_string()).collect();
     env.insert("CUDA_VISIBLE_DEVICES".into(), devices.join(","));
     match replica.gpus.as_slice() {
-        [only] if only.milli < crate::ledger::MILLI_PER_GPU => {
+        [only] if only.milli < super::ledger::MILLI_PER_GPU => {
             env.insert("AXLE_GPU_FRACTION".into(), gpu_fraction(only.milli));
         }
         _ => {
@@ -465,11 +437,7 @@ async fn run_workload(
                 let deadline = Instant::now() + request.grace;
                 cancelled |= matches!(request.cause, StopCause::Cancelled(_));
                 if ending.is_none() {
-                    let message = match request.cause {
-                        StopCause::Hub(why) | StopCause::Cancelled(why) => format!("stopped by the hub: {why}"),
-                        StopCause::Superseded { by_epoch } => format!("superseded by epoch {by_epoch}"),
-                        StopCause::Shutdown => "the spoke is shutting down".into(),
-                    };
+                    let message = request.cause.describe();
                     ending = Some(Ending { phase: pb::Phase::Stopped, message });
                     for pgid in live.values() {
                         signal_group(*pgid, term);
