@@ -333,6 +333,7 @@ pub(crate) mod tests {
             gpus: 0.25,
             gang: 1,
             gpu_model: Some("H100".into()),
+            image: None,
             command: vec![
                 "python".into(),
                 "train.py".into(),
@@ -510,6 +511,7 @@ pub(crate) mod tests {
             gpus_allocated: 2.5,
             running_workloads: 3,
             last_heartbeat_ms: Some(NOW_MS - 2_000),
+            driver: "local".into(),
         };
         let mut declared = c.clone();
         declared.name = "gpu-west".into();

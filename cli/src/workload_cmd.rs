@@ -70,6 +70,10 @@ pub struct SubmitArgs {
     /// Signal sent at preemption, e.g. SIGUSR1 (default: the class's, SIGTERM).
     #[arg(long, value_name = "SIGNAL")]
     checkpoint_signal: Option<String>,
+    /// Container image, for clusters that run Kubernetes Jobs (default: the
+    /// cluster's defaultImage).
+    #[arg(long)]
+    image: Option<String>,
     /// Key that makes a retried submit return the first workload (default:
     /// generated from the process id and time).
     #[arg(long)]
@@ -194,6 +198,7 @@ fn build_request(a: &SubmitArgs, key: String) -> Result<SubmitRequest, UsageErro
         },
         checkpoint_interval_s: a.checkpoint_interval,
         checkpoint_signal: a.checkpoint_signal.clone(),
+        image: a.image.clone(),
     })
 }
 

@@ -273,6 +273,10 @@ pub struct ClusterSpec {
     /// Declared capacity for planning; the spoke's live inventory overrides it.
     #[serde(default)]
     pub nodes: Vec<NodeGroupSpec>,
+    /// Container image for workloads that name none, on a cluster whose spoke
+    /// runs Kubernetes Jobs (without it, such workloads run elsewhere).
+    #[serde(default)]
+    pub default_image: Option<Loc<String>>,
 }
 
 /// `count` identical nodes.

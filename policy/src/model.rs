@@ -231,6 +231,8 @@ pub struct Cluster {
     pub price_usd_per_gpu_hour: f64,
     /// Declared capacity for planning and simulation; live spoke inventory overrides it.
     pub nodes: Vec<NodeGroup>,
+    /// Image for workloads that name none on a Kubernetes cluster.
+    pub default_image: Option<String>,
 }
 
 impl Cluster {

@@ -482,6 +482,20 @@ fn clusters(
                 gpu_memory_gb: g.gpu_memory_gb.unwrap_or(0),
             });
         }
+        let mut default_image = None;
+        if let Some(img) = &s.default_image {
+            let v = img.value.trim();
+            if v.is_empty() || v.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                rep.error(
+                    doc.at(img),
+                    doc.path("defaultImage"),
+                    format!("defaultImage `{}` is not an image reference", img.value),
+                    "write an image such as `nvcr.io/nvidia/pytorch:24.05-py3`",
+                );
+            } else {
+                default_image = Some(v.to_string());
+            }
+        }
         out.insert(
             doc.name.clone(),
             Cluster {
@@ -491,6 +505,7 @@ fn clusters(
                 labels: s.labels.clone(),
                 price_usd_per_gpu_hour: price,
                 nodes,
+                default_image,
             },
         );
     }

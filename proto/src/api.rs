@@ -49,6 +49,11 @@ pub struct SubmitRequest {
     /// Signal it gets when preempted (default: the class's, SIGTERM).
     #[serde(default)]
     pub checkpoint_signal: Option<String>,
+    /// Container image, for clusters whose spoke runs Kubernetes Jobs
+    /// (default: the cluster's `defaultImage`; without either, the workload
+    /// runs only on clusters that run processes).
+    #[serde(default)]
+    pub image: Option<String>,
 }
 
 /// Workload lifecycle states as the API names them.
@@ -105,6 +110,8 @@ pub struct WorkloadView {
     pub gpus: f64,
     pub gang: u32,
     pub gpu_model: Option<String>,
+    #[serde(default)]
+    pub image: Option<String>,
     pub command: Vec<String>,
     pub state: String,
     /// Why it waits, while Pending: what blocks it and a way out.
@@ -165,6 +172,9 @@ pub struct ClusterView {
     pub running_workloads: u64,
     /// When the spoke was last heard from (ms since the Unix epoch).
     pub last_heartbeat_ms: Option<u64>,
+    /// How its spoke runs work: `local` or `kubernetes` (empty: not yet known).
+    #[serde(default)]
+    pub driver: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -38,7 +38,7 @@ pub enum Input {
     /// A session is open; messages for the hub go into this sender.
     Connected(mpsc::Sender<pb::SpokeMessage>),
     Disconnected,
-    Hub(pb::HubMessage),
+    Hub(Box<pb::HubMessage>),
 }
 
 struct Conn {
@@ -213,6 +213,8 @@ impl<D: Driver> Agent<D> {
             instance_id: self.instance_id.clone(),
             token: self.config.token.clone().unwrap_or_default(),
             running: self.driver.running(),
+            driver: self.driver.kind().to_string(),
+            default_image: self.driver.default_image().unwrap_or_default(),
         };
         let msg = pb::SpokeMessage {
             msg: Some(pb::spoke_message::Msg::Register(register)),

@@ -121,7 +121,7 @@ pub async fn dial_loop(endpoint: Endpoint, inputs: mpsc::Sender<Input>) {
                                     {
                                         backoff.reset();
                                     }
-                                    if inputs.send(Input::Hub(msg)).await.is_err() {
+                                    if inputs.send(Input::Hub(Box::new(msg))).await.is_err() {
                                         return;
                                     }
                                 }

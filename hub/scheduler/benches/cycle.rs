@@ -82,6 +82,7 @@ fn inventory() -> Inventory {
                 name: format!("c-{c:03}"),
                 region: if c % 2 == 0 { "eu".into() } else { "us".into() },
                 schedulable: true,
+                needs_image: false,
                 nodes: (0..NODES_PER_CLUSTER)
                     .map(|n| NodeInventory {
                         name: format!("node-{n}"),
@@ -109,6 +110,7 @@ fn spec(id: u64, team: usize, class: &str, gpus: Milli) -> WorkloadSpec {
         submit_time_ms: id,
         checkpoint_interval_s: None,
         max_runtime_s: None,
+        has_image: false,
     }
 }
 

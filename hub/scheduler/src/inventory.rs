@@ -25,6 +25,7 @@ pub fn declared(policy: &Policy) -> Inventory {
                 name: c.name.clone(),
                 region: c.region.clone(),
                 schedulable: true,
+                needs_image: false,
                 nodes,
             }
         })
@@ -52,6 +53,7 @@ pub fn uniform(name: &str, region: &str, model: &str, gpus: u64, per_node: u32) 
             name: name.to_string(),
             region: region.to_string(),
             schedulable: true,
+            needs_image: false,
             nodes,
         }],
     }

@@ -34,6 +34,8 @@ pub(crate) struct ClusterRec {
     pub name: String,
     pub region: String,
     pub schedulable: bool,
+    /// Workloads without an image cannot run here.
+    pub needs_image: bool,
     /// Global node indices.
     pub nodes: Vec<u32>,
 }
@@ -129,6 +131,7 @@ impl State {
                 name: c.name.clone(),
                 region: c.region.clone(),
                 schedulable: c.schedulable,
+                needs_image: c.needs_image,
                 nodes: Vec::new(),
             };
             for (li, n) in c.nodes.iter().enumerate() {

@@ -67,6 +67,7 @@ pub fn inventory(nodes: &[(&str, u32)]) -> Inventory {
             name: "c0".into(),
             region: "eu".into(),
             schedulable: true,
+            needs_image: false,
             nodes: nodes
                 .iter()
                 .enumerate()
@@ -96,6 +97,7 @@ pub fn req(id: u64, team: &str, class: &str, g: f64) -> WorkloadSpec {
         submit_time_ms: 0,
         checkpoint_interval_s: None,
         max_runtime_s: None,
+        has_image: false,
     }
 }
 

@@ -39,6 +39,10 @@ pub struct WorkloadSpec {
     /// The most a run may take (the hub stops it then); used for start
     /// estimates and reservations, never trusted beyond that.
     pub max_runtime_s: Option<u64>,
+    /// It names a container image (clusters that run Jobs need one, or a
+    /// default image of their own).
+    #[serde(default)]
+    pub has_image: bool,
 }
 
 impl WorkloadSpec {
@@ -71,6 +75,10 @@ pub struct ClusterInventory {
     pub region: String,
     /// A cluster that is not schedulable (spoke lost, draining) gets no new work.
     pub schedulable: bool,
+    /// It runs container images and has no default image: workloads
+    /// without an image cannot run there.
+    #[serde(default)]
+    pub needs_image: bool,
     pub nodes: Vec<NodeInventory>,
 }
 
@@ -269,6 +277,11 @@ pub enum PendingReason {
         gpu_model: Option<String>,
         regions: Vec<String>,
     },
+    /// The only clusters that could hold it run container images and have
+    /// no default image, and it names none.
+    NeedsImage {
+        clusters: Vec<String>,
+    },
     /// No node (or, for a gang, no cluster) is big enough even when empty.
     NeverFits {
         need: String,
@@ -419,6 +432,11 @@ impl fmt::Display for PendingReason {
                     "; it starts when such a cluster's spoke connects, or drop the GPU model or region"
                 )
             }
+            PendingReason::NeedsImage { clusters } => write!(
+                f,
+                "the clusters that could hold it ({}) run container images and have no defaultImage; submit it with --image, or give the Cluster a defaultImage",
+                clusters.join(", ")
+            ),
             PendingReason::NeverFits { need, largest } => {
                 write!(
                     f,

@@ -93,6 +93,9 @@ struct ClusterDef {
     region: String,
     #[serde(default = "yes")]
     schedulable: bool,
+    /// Runs container images and has no default image.
+    #[serde(default)]
+    needs_image: bool,
     nodes: Vec<NodeDef>,
 }
 
@@ -127,6 +130,9 @@ struct WorkloadDef {
     checkpoint_interval_s: Option<u64>,
     #[serde(default)]
     max_runtime_s: Option<u64>,
+    /// Names a container image.
+    #[serde(default)]
+    image: bool,
     /// Running workloads: when they started, and where.
     #[serde(default)]
     start_ms: u64,
@@ -269,6 +275,7 @@ fn spec_of(policy: &Policy, id: WorkloadId, w: &WorkloadDef) -> WorkloadSpec {
     s.regions = w.regions.clone();
     s.allow_spread = w.spread;
     s.max_runtime_s = w.max_runtime_s;
+    s.has_image = w.image;
     s.checkpoint_interval_s = w.checkpoint_interval_s.or_else(|| {
         policy
             .priority_classes
@@ -285,6 +292,9 @@ fn build(sc: &Scenario) -> Result<Built, String> {
         ib = ib.cluster(&c.name, &c.region);
         if !c.schedulable {
             ib = ib.unschedulable();
+        }
+        if c.needs_image {
+            ib = ib.needs_image();
         }
         for n in &c.nodes {
             ib = ib.node(&n.name, &n.model, n.gpus);

@@ -150,6 +150,17 @@ struct ClusterEntry {
     /// Running workloads the spoke did not list when it registered; if the
     /// next heartbeat does not list them either, they are gone.
     unconfirmed: BTreeSet<u64>,
+    /// How its spoke runs work: `local`, `kubernetes` (empty: never said).
+    driver: String,
+    /// The spoke's image for workloads that name none.
+    default_image: Option<String>,
+}
+
+impl ClusterEntry {
+    /// A cluster that runs container images (Kubernetes Jobs).
+    fn runs_images(&self) -> bool {
+        self.driver == "kubernetes"
+    }
 }
 
 pub struct Inner {
@@ -231,6 +242,8 @@ impl Hub {
                     lost: false,
                     registered: true,
                     unconfirmed: BTreeSet::new(),
+                    driver: c.driver,
+                    default_image: c.default_image,
                 },
             );
         }
@@ -472,6 +485,8 @@ fn add_declared_clusters(policy: &Policy, clusters: &mut BTreeMap<String, Cluste
                 lost: false,
                 registered: false,
                 unconfirmed: BTreeSet::new(),
+                driver: String::new(),
+                default_image: None,
             },
         );
     }
@@ -491,6 +506,7 @@ fn spec_of(w: &WorkloadRecord) -> WorkloadSpec {
         submit_time_ms: w.submitted_at_ms,
         checkpoint_interval_s: w.checkpoint_interval_s,
         max_runtime_s: w.max_runtime_s,
+        has_image: w.image.is_some(),
     }
 }
 
@@ -610,6 +626,15 @@ impl Inner {
                     name: name.clone(),
                     region: c.region.clone(),
                     schedulable: c.conn.is_some() && !c.lost,
+                    // Jobs need an image: without a default, image-less
+                    // workloads go elsewhere.
+                    needs_image: c.runs_images()
+                        && c.default_image.is_none()
+                        && self
+                            .policy
+                            .clusters
+                            .get(name)
+                            .is_none_or(|p| p.default_image.is_none()),
                     nodes: c
                         .nodes
                         .iter()
@@ -879,6 +904,7 @@ impl Inner {
             command: req.command.clone(),
             env: req.env.clone(),
             max_runtime_s: req.max_runtime_s.filter(|&s| s > 0),
+            image: req.image.clone().filter(|i| !i.trim().is_empty()),
             checkpoint_interval_s,
             checkpoint_signal,
             idempotency_key: req.idempotency_key.clone(),
@@ -1054,6 +1080,8 @@ impl Inner {
             },
             labels: r.labels.clone().into_iter().collect(),
             nodes,
+            driver: r.driver.clone(),
+            default_image: Some(r.default_image.clone()).filter(|i| !i.is_empty()),
         };
         fx.put(cluster_key(&r.cluster), &record);
         let entry = self
@@ -1068,7 +1096,11 @@ impl Inner {
                 lost: false,
                 registered: true,
                 unconfirmed: BTreeSet::new(),
+                driver: String::new(),
+                default_image: None,
             });
+        entry.driver = record.driver.clone();
+        entry.default_image = record.default_image.clone();
         entry.region = record.region.clone();
         entry.labels = record.labels.clone();
         entry.nodes = record.nodes.clone();
@@ -1100,6 +1132,8 @@ impl Inner {
                 cluster: r.cluster.clone(),
                 heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS,
                 fence_after_ms: self.policy.settings.spoke_lost_after_s * 1000,
+                teams: crate::isolation::teams_for(&self.policy, &record.nodes),
+                priority_classes: crate::isolation::priority_classes(&self.policy),
             })),
         }));
         self.rebuild(fx, now);
@@ -1520,6 +1554,25 @@ impl Inner {
         self.dirty = true;
     }
 
+    /// The image a workload runs with on `cluster`: its own, else the
+    /// spoke's default, else the policy's `defaultImage` for the cluster.
+    fn image_for(&self, w: &WorkloadRecord, cluster: &str) -> String {
+        w.image
+            .clone()
+            .or_else(|| {
+                self.clusters
+                    .get(cluster)
+                    .and_then(|c| c.default_image.clone())
+            })
+            .or_else(|| {
+                self.policy
+                    .clusters
+                    .get(cluster)
+                    .and_then(|c| c.default_image.clone())
+            })
+            .unwrap_or_default()
+    }
+
     fn assign_msg(&self, id: u64) -> pb::HubMessage {
         let w = &self.workloads[&id];
         let p = w.placement.as_ref().expect("placed");
@@ -1548,6 +1601,8 @@ impl Inner {
                 grace_period_s: grace_of(&self.policy, &w.priority),
                 max_runtime_s: w.max_runtime_s.unwrap_or(0),
                 checkpoint_signal: w.checkpoint_signal.clone().unwrap_or_default(),
+                image: self.image_for(w, &p.cluster),
+                priority: w.priority.clone(),
                 // Epochs count placements from 1.
                 restart_count: u32::try_from(w.epoch.saturating_sub(1)).unwrap_or(u32::MAX),
             })),
@@ -1779,6 +1834,7 @@ impl Inner {
                     running_workloads: running,
                     last_heartbeat_ms: (c.registered && c.last_seen_ms > 0)
                         .then_some(c.last_seen_ms),
+                    driver: c.driver.clone(),
                 }
             })
             .collect()

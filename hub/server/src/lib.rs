@@ -7,6 +7,7 @@ pub mod dev;
 pub mod grpc;
 pub mod http;
 pub mod hub;
+pub mod isolation;
 pub mod lifecycle;
 pub mod logs;
 pub mod records;

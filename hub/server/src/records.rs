@@ -85,6 +85,9 @@ pub struct WorkloadRecord {
     pub command: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub max_runtime_s: Option<u64>,
+    /// Container image, for clusters that run Jobs (absent in older records).
+    #[serde(default)]
+    pub image: Option<String>,
     /// `Some(interval)`: the workload checkpoints every `interval` seconds
     /// and resumes from `AXLE_CHECKPOINT_DIR` (resolved at submit from its
     /// priority class and the request). Absent in records written before
@@ -172,4 +175,11 @@ pub struct ClusterRecord {
     pub region: String,
     pub labels: BTreeMap<String, String>,
     pub nodes: Vec<NodeRecord>,
+    /// How the spoke runs work (`local`, `kubernetes`); absent in records
+    /// written before spokes said: `local`.
+    #[serde(default)]
+    pub driver: String,
+    /// The spoke's image for workloads that name none (kubernetes).
+    #[serde(default)]
+    pub default_image: Option<String>,
 }

@@ -37,6 +37,7 @@ pub fn workload(
         gpus: w.gpus_milli as f64 / MILLI_PER_GPU as f64,
         gang: w.replicas,
         gpu_model: w.gpu_model.clone(),
+        image: w.image.clone(),
         command: w.command.clone(),
         state: w.state.as_str().to_string(),
         pending_reason,
@@ -172,5 +173,6 @@ pub fn submit_from_pb(r: pb::SubmitRequest) -> api::SubmitRequest {
         checkpointable: r.checkpointable,
         checkpoint_interval_s: (r.checkpoint_interval_s > 0).then_some(r.checkpoint_interval_s),
         checkpoint_signal: opt(r.checkpoint_signal),
+        image: opt(r.image),
     }
 }

@@ -120,6 +120,7 @@ pub fn simulate(
                 .filter(|c| c.checkpointable)
                 .map(|c| c.checkpoint_interval_s),
             max_runtime_s: None,
+            has_image: false,
         };
         let mut replayed = spec.clone();
         match mode {

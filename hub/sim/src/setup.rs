@@ -59,6 +59,7 @@ pub fn inventory_of(list: &NodeList) -> Inventory {
             name: "sim".to_string(),
             region: "sim".to_string(),
             schedulable: true,
+            needs_image: false,
             nodes: list
                 .nodes
                 .iter()

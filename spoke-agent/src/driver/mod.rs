@@ -67,6 +67,14 @@ pub struct StopAnswer {
 /// agent's event channel. Terminal statuses a method returns are reported
 /// to the hub (and remembered) by the agent.
 pub trait Driver: Send + 'static {
+    /// `local` or `kubernetes`, as reported to the hub.
+    fn kind(&self) -> &'static str;
+
+    /// The image for workloads that name none, where the driver runs images.
+    fn default_image(&self) -> Option<String> {
+        None
+    }
+
     /// The nodes to report, or `None` while the driver does not know them
     /// yet (the agent registers with the hub only once it does).
     fn nodes(&self) -> Option<Vec<NodeSpec>>;

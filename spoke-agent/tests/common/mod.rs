@@ -93,6 +93,7 @@ impl SpokeService for Svc {
                             cluster,
                             heartbeat_interval_ms: TEST_HEARTBEAT_MS,
                             fence_after_ms: *lock(&state.fence_after_ms),
+                            ..Default::default()
                         })),
                     };
                     let _ = tx.send(Ok(reply)).await;
@@ -431,6 +432,8 @@ pub fn assign(
         max_runtime_s: 0,
         checkpoint_signal: String::new(),
         restart_count: epoch.saturating_sub(1) as u32,
+        image: String::new(),
+        priority: "training".into(),
     }
 }
 

@@ -40,6 +40,20 @@ impl<'s> Work<'s> {
             biggest_cluster = biggest_cluster.max(size);
         }
         if !any_cluster {
+            let for_images: Vec<String> = (0..self.s.clusters.len() as u32)
+                .filter(|&c| {
+                    self.cluster_ok_but_image(spec, c)
+                        && choices
+                            .iter()
+                            .any(|ch| cat.cluster_model_gpus[c as usize][ch.model as usize] > 0)
+                })
+                .map(|c| self.s.clusters[c as usize].name.clone())
+                .collect();
+            if !for_images.is_empty() {
+                return Some(PendingReason::NeedsImage {
+                    clusters: for_images,
+                });
+            }
             return Some(PendingReason::NoMatchingCluster {
                 gpu_model: spec.gpu_model.clone(),
                 regions: spec.regions.clone(),

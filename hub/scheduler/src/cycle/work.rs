@@ -130,6 +130,12 @@ impl<'s> Work<'s> {
 
     pub(super) fn cluster_ok(&self, spec: &WorkloadSpec, cluster: u32) -> bool {
         let c = &self.s.clusters[cluster as usize];
+        self.cluster_ok_but_image(spec, cluster) && (spec.has_image || !c.needs_image)
+    }
+
+    /// [`Work::cluster_ok`] as if the workload named an image.
+    pub(super) fn cluster_ok_but_image(&self, spec: &WorkloadSpec, cluster: u32) -> bool {
+        let c = &self.s.clusters[cluster as usize];
         c.schedulable && (spec.regions.is_empty() || spec.regions.contains(&c.region))
     }
 

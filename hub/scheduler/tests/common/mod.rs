@@ -182,8 +182,17 @@ impl InventoryBuilder {
             name: name.to_string(),
             region: region.to_string(),
             schedulable: true,
+            needs_image: false,
             nodes: Vec::new(),
         });
+        self
+    }
+
+    /// The last cluster runs container images and has no default image.
+    pub fn needs_image(mut self) -> InventoryBuilder {
+        if let Some(c) = self.clusters.last_mut() {
+            c.needs_image = true;
+        }
         self
     }
 
@@ -233,6 +242,7 @@ pub fn wl(id: WorkloadId, team: &str, class: &str) -> WorkloadSpec {
         burst_allowed: false,
         checkpoint_interval_s: None,
         max_runtime_s: None,
+        has_image: false,
         submit_time_ms: 0,
     }
 }

@@ -158,6 +158,10 @@ impl LocalDriver {
 }
 
 impl Driver for LocalDriver {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
     fn nodes(&self) -> Option<Vec<NodeSpec>> {
         Some(self.nodes.clone())
     }
