@@ -541,6 +541,12 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
                 spec.id, cluster.name
             ));
         }
+        if cluster.needs_image && !spec.has_image {
+            return Err(format!(
+                "workload {} without an image placed on {}, which runs only images",
+                spec.id, cluster.name
+            ));
+        }
         if !spec.regions.is_empty() && !spec.regions.contains(&cluster.region) {
             return Err(format!(
                 "workload {} wants regions {:?}, placed in {}",
@@ -881,7 +887,10 @@ pub fn check_no_missed_room(inv: &Inventory, pre: &State, d: &Decisions) -> Resu
         }
         let wc = &policy.priority_classes[&w.priority_class];
         for (ci, c) in inv.clusters.iter().enumerate() {
-            if !c.schedulable || (!w.regions.is_empty() && !w.regions.contains(&c.region)) {
+            if !c.schedulable
+                || (c.needs_image && !w.has_image)
+                || (!w.regions.is_empty() && !w.regions.contains(&c.region))
+            {
                 continue;
             }
             for (ni, n) in c.nodes.iter().enumerate() {
