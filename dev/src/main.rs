@@ -64,6 +64,7 @@ fn dev_spokes(grpc_url: &str, data_dir: &std::path::Path, policy: &Policy) -> Ve
             nodes: vec![node("node-0", 8, "H100"), node("node-1", 8, "H100")],
             data_dir: data_dir.join("spokes/eu-1"),
             token: None,
+            driver: Default::default(),
         },
         SpokeConfig {
             hub_url: grpc_url.to_string(),
@@ -73,6 +74,7 @@ fn dev_spokes(grpc_url: &str, data_dir: &std::path::Path, policy: &Policy) -> Ve
             nodes: vec![node("node-0", 4, "A100")],
             data_dir: data_dir.join("spokes/us-1"),
             token: None,
+            driver: Default::default(),
         },
     ]
 }

@@ -268,6 +268,8 @@ impl<D: Driver> Agent<D> {
             return;
         };
         conn.registered = true;
+        self.driver
+            .policy(&registered.teams, &registered.priority_classes);
         self.fence_after = Duration::from_millis(registered.fence_after_ms);
         self.last_ack = Instant::now();
         self.fenced = false;

@@ -35,6 +35,47 @@ pub struct SpokeConfig {
     pub data_dir: PathBuf,
     /// Shared secret when the hub requires one.
     pub token: Option<String>,
+    /// How the spoke runs work.
+    pub driver: DriverConfig,
+}
+
+/// Which driver runs the spoke's work, with its settings.
+#[derive(Debug, Clone, Default)]
+pub enum DriverConfig {
+    /// Processes on this host, on the GPUs of `SpokeConfig::nodes`.
+    #[default]
+    Local,
+    Kubernetes(KubernetesConfig),
+}
+
+/// Settings of the `kubernetes` driver.
+#[derive(Debug, Clone)]
+pub struct KubernetesConfig {
+    /// A kubeconfig file; `None`: in-cluster config or `$KUBECONFIG`/`~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+    /// The time-slicing resource fractions use on nodes without MIG.
+    pub shared_resource: String,
+    /// The image for workloads that name none.
+    pub default_image: Option<String>,
+    /// Team namespaces are `<prefix><team>`.
+    pub namespace_prefix: String,
+    /// A member's Kubernetes user name (`{user}` is their policy name).
+    pub member_subject: String,
+    /// Taints the workload pods tolerate (and that do not exclude a node).
+    pub tolerated_taints: Vec<String>,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            kubeconfig: None,
+            shared_resource: "nvidia.com/gpu.shared".into(),
+            default_image: None,
+            namespace_prefix: "axle-".into(),
+            member_subject: "{user}".into(),
+            tolerated_taints: vec!["nvidia.com/gpu".into()],
+        }
+    }
 }
 
 impl From<&GpuSpec> for pb::Gpu {

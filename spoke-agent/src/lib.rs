@@ -11,6 +11,7 @@ mod agent;
 mod config;
 pub mod driver;
 mod event;
+mod gpu_class;
 mod logs;
 mod outbox;
 mod session;
@@ -22,13 +23,14 @@ use anyhow::Context as _;
 use tokio::sync::mpsc;
 
 pub use agent::{DEFAULT_GRACE_PERIOD, DEFAULT_HEARTBEAT_INTERVAL, MAX_GRACE_PERIOD};
-pub use config::{GpuSpec, NodeSpec, SpokeConfig};
+pub use config::{DriverConfig, GpuSpec, KubernetesConfig, NodeSpec, SpokeConfig};
 pub use driver::local::GPU_WAIT_TIMEOUT;
 pub use driver::local::gpu::{
-    DiscoverError, GpuDeclError, build_nodes, discover_gpus, gpu_class, host_name, parse_gpu_decl,
+    DiscoverError, GpuDeclError, build_nodes, discover_gpus, host_name, parse_gpu_decl,
     parse_nvidia_smi,
 };
 pub use driver::local::shim::{SHIM_ARG, maybe_run_shim};
+pub use gpu_class::gpu_class;
 pub use logs::{LOG_FLUSH_INTERVAL, MAX_LOG_CHUNK_BYTES};
 pub use outbox::{MAX_OUTBOX_LOG_BYTES, RESEND_WINDOW};
 pub use session::{INITIAL_BACKOFF, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, MAX_BACKOFF};
@@ -80,6 +82,24 @@ fn sweep_checkpoints(root: &std::path::Path, retention: std::time::Duration) {
     }
 }
 
+/// A Kubernetes client: the kubeconfig given, else in-cluster config or
+/// the default kubeconfig (`kube::Config::infer`).
+async fn kube_client(k: &KubernetesConfig) -> anyhow::Result<kube::Client> {
+    let config = match &k.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes configuration (in-cluster, $KUBECONFIG or ~/.kube/config)")?,
+    };
+    kube::Client::try_from(config).context("cannot build the Kubernetes client")
+}
+
 /// Knobs of [`run_with`] that callers other than the `axle-spoke` binary need.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
@@ -128,18 +148,44 @@ pub async fn run_with(
     sweep_checkpoints(&config.data_dir.join("checkpoints"), CHECKPOINT_RETENTION);
     let (inputs_tx, inputs_rx) = mpsc::channel(INPUT_CHANNEL_CAPACITY);
     let (events_tx, events_rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
-    let driver = driver::local::LocalDriver::new(
-        config.nodes.clone(),
-        driver::local::DriverCtx {
-            shim_exe,
-            data_dir: config.data_dir.clone(),
-            events: events_tx,
-        },
-    );
     let dialer = tokio::spawn(session::dial_loop(endpoint, inputs_tx));
-    let result = agent::Agent::new(config, driver)
-        .run(inputs_rx, events_rx, shutdown)
-        .await;
+    let result = match config.driver.clone() {
+        DriverConfig::Local => {
+            let driver = driver::local::LocalDriver::new(
+                config.nodes.clone(),
+                driver::local::DriverCtx {
+                    shim_exe,
+                    data_dir: config.data_dir.clone(),
+                    events: events_tx,
+                },
+            );
+            agent::Agent::new(config, driver)
+                .run(inputs_rx, events_rx, shutdown)
+                .await
+        }
+        DriverConfig::Kubernetes(k) => {
+            let client = kube_client(&k).await?;
+            let opts = driver::kubernetes::controller::ControllerOptions {
+                manifest: driver::kubernetes::manifest::ManifestOptions {
+                    namespace_prefix: k.namespace_prefix.clone(),
+                    priority_class_prefix: "axle-".into(),
+                    shared_resource: k.shared_resource.clone(),
+                    tolerated_taints: k.tolerated_taints.clone(),
+                    default_image: k.default_image.clone(),
+                },
+                inventory: driver::kubernetes::nodes::InventoryOptions {
+                    shared_resource: k.shared_resource.clone(),
+                    tolerated_taints: k.tolerated_taints.clone(),
+                },
+                member_subject: k.member_subject.clone(),
+                data_dir: config.data_dir.clone(),
+            };
+            let driver = driver::kubernetes::KubeDriver::start(client, opts, events_tx);
+            agent::Agent::new(config, driver)
+                .run(inputs_rx, events_rx, shutdown)
+                .await
+        }
+    };
     dialer.abort();
     result
 }
@@ -161,6 +207,7 @@ mod tests {
             nodes: vec![],
             data_dir: PathBuf::from("/nonexistent"),
             token: None,
+            driver: Default::default(),
         };
         let fut = run(config, async {});
         assert_send(&fut);

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use axle_spoke_agent::{SpokeConfig, discover_gpus, maybe_run_shim, parse_gpu_decl, run};
+use axle_spoke_agent::{
+    DriverConfig, KubernetesConfig, SpokeConfig, discover_gpus, maybe_run_shim, parse_gpu_decl, run,
+};
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
@@ -49,6 +51,38 @@ struct Args {
     /// Shared secret the hub requires from spokes.
     #[arg(long, env = "AXLE_SPOKE_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// How work runs: `local` (processes on this host) or `kubernetes`
+    /// (Jobs in the cluster of the kubeconfig or the pod this runs in).
+    #[arg(long, value_enum, default_value = "local", env = "AXLE_SPOKE_DRIVER")]
+    driver: DriverKind,
+    /// kubernetes: the kubeconfig file (default: in-cluster config, then
+    /// $KUBECONFIG or ~/.kube/config).
+    #[arg(long, value_name = "FILE", env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// kubernetes: the image of workloads that name none.
+    #[arg(long, value_name = "IMAGE")]
+    default_image: Option<String>,
+    /// kubernetes: the time-slicing resource fractions use where a node
+    /// has no MIG profile that fits.
+    #[arg(long, default_value = "nvidia.com/gpu.shared", value_name = "RESOURCE")]
+    shared_gpu_resource: String,
+    /// kubernetes: team namespaces are `<prefix><team>`.
+    #[arg(long, default_value = "axle-", value_name = "PREFIX")]
+    namespace_prefix: String,
+    /// kubernetes: a team member's Kubernetes user name; `{user}` is the
+    /// name in the policy (e.g. `{user}@example.com`).
+    #[arg(long, default_value = "{user}", value_name = "TEMPLATE")]
+    member_subject: String,
+    /// kubernetes: a taint key the workload pods tolerate (repeatable;
+    /// default nvidia.com/gpu).
+    #[arg(long = "tolerate-taint", value_name = "KEY")]
+    tolerate_taints: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DriverKind {
+    Local,
+    Kubernetes,
 }
 
 fn parse_cluster(s: &str) -> Result<String, String> {
@@ -96,10 +130,38 @@ async fn shutdown_signal() {
 }
 
 fn real_main(args: Args) -> anyhow::Result<()> {
-    let nodes =
-        discover_gpus(&args.gpus, &args.nodes).context("cannot determine the GPU inventory")?;
-    let gpus: usize = nodes.iter().map(|n| n.gpus.len()).sum();
-    tracing::info!(nodes = nodes.len(), gpus, "inventory");
+    let (nodes, driver) = match args.driver {
+        DriverKind::Local => {
+            let nodes = discover_gpus(&args.gpus, &args.nodes)
+                .context("cannot determine the GPU inventory")?;
+            let gpus: usize = nodes.iter().map(|n| n.gpus.len()).sum();
+            tracing::info!(nodes = nodes.len(), gpus, "inventory");
+            (nodes, DriverConfig::Local)
+        }
+        DriverKind::Kubernetes => {
+            if !args.gpus.is_empty() || !args.nodes.is_empty() {
+                anyhow::bail!(
+                    "--gpus and --node declare the local driver's GPUs; the kubernetes driver reads them from the cluster's Nodes"
+                );
+            }
+            let tolerated_taints = if args.tolerate_taints.is_empty() {
+                vec!["nvidia.com/gpu".to_string()]
+            } else {
+                args.tolerate_taints.clone()
+            };
+            (
+                Vec::new(),
+                DriverConfig::Kubernetes(KubernetesConfig {
+                    kubeconfig: args.kubeconfig.clone(),
+                    shared_resource: args.shared_gpu_resource.clone(),
+                    default_image: args.default_image.clone().filter(|i| !i.is_empty()),
+                    namespace_prefix: args.namespace_prefix.clone(),
+                    member_subject: args.member_subject.clone(),
+                    tolerated_taints,
+                }),
+            )
+        }
+    };
     let data_dir = args
         .data_dir
         .unwrap_or_else(|| std::env::temp_dir().join(format!("axle-spoke-{}", args.cluster)));
@@ -111,6 +173,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         nodes,
         data_dir,
         token: args.token.filter(|t| !t.is_empty()),
+        driver,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

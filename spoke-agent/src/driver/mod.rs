@@ -9,6 +9,7 @@
 //! hub session, what the hub still has to hear, heartbeats, self-fencing
 //! and shutdown.
 
+pub mod kubernetes;
 pub mod local;
 
 use std::time::Duration;
@@ -108,4 +109,8 @@ pub trait Driver: Send + 'static {
 
     /// Nothing of this driver's runs any more (shutdown may complete).
     fn is_idle(&self) -> bool;
+
+    /// The policy's teams and priority classes, from the hub's `Registered`
+    /// (a driver that mirrors team isolation onto its cluster keeps them).
+    fn policy(&mut self, _teams: &[pb::TeamIsolation], _classes: &[pb::PriorityClassInfo]) {}
 }

@@ -355,6 +355,7 @@ pub fn start_spoke(hub: &TestHub) -> Spoke {
         nodes: nodes(),
         data_dir: data_dir.path().to_path_buf(),
         token: Some("s3cret".into()),
+        driver: Default::default(),
     };
     let (tx, rx) = oneshot::channel::<()>();
     let options = RunOptions {

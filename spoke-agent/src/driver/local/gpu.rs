@@ -6,6 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::config::{GpuSpec, NodeSpec};
+use crate::gpu_class::gpu_class;
 
 /// Memory assumed for a declared GPU without `:MEMGB` (the 80 GB of an H100/A100-80GB).
 pub const DEFAULT_DECL_MEMORY_GB: u64 = 80;
@@ -20,30 +21,6 @@ pub const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(15);
 /// How often to check whether `nvidia-smi` has exited.
 const NVIDIA_SMI_POLL: Duration = Duration::from_millis(20);
 const MIB_PER_GIB: u64 = 1024;
-
-/// Known GPU families, checked in this order against the words of a driver
-/// name; each with the words (or word pairs joined) that name it.
-const GPU_FAMILIES: &[(&str, &[&str])] = &[
-    ("B200", &["B200"]),
-    ("H200", &["H200"]),
-    ("GH200", &["GH200"]),
-    ("H100", &["H100"]),
-    ("A100", &["A100"]),
-    ("A10G", &["A10G"]),
-    ("A10", &["A10"]),
-    ("A6000", &["A6000"]),
-    ("A40", &["A40"]),
-    ("L40S", &["L40S"]),
-    ("L40", &["L40"]),
-    ("L4", &["L4"]),
-    ("T4", &["T4"]),
-    ("V100", &["V100", "V100S"]),
-    ("P100", &["P100"]),
-    ("RTX4090", &["RTX4090"]),
-    ("RTX3090", &["RTX3090"]),
-    ("MI300X", &["MI300X"]),
-    ("MI250", &["MI250", "MI250X"]),
-];
 
 /// A bad `--gpus`/`--node` combination or value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -135,30 +112,6 @@ pub fn parse_gpu_decl(s: &str) -> Result<(u32, String, u64), GpuDeclError> {
         }
     };
     Ok((count, model_text.to_ascii_uppercase(), memory_gb))
-}
-
-/// Maps a driver GPU name (`NVIDIA H100 80GB HBM3`, `Tesla T4`) to an Axle GPU
-/// class (`H100`, `T4`); an unknown name maps to its first word uppercased.
-pub fn gpu_class(driver_name: &str) -> String {
-    let name = driver_name.trim();
-    let name = name.strip_prefix("NVIDIA ").unwrap_or(name).trim();
-    let words: Vec<String> = name
-        .split(|c: char| c.is_whitespace() || c == '-' || c == '_')
-        .filter(|w| !w.is_empty())
-        .map(str::to_ascii_uppercase)
-        .collect();
-    // "GeForce RTX 4090" spells the class across two words.
-    let pairs: Vec<String> = words.windows(2).map(|w| w.concat()).collect();
-    for (class, aliases) in GPU_FAMILIES {
-        let named = words
-            .iter()
-            .chain(pairs.iter())
-            .any(|w| aliases.contains(&w.as_str()));
-        if named {
-            return (*class).to_string();
-        }
-    }
-    words.first().cloned().unwrap_or_else(|| "UNKNOWN".into())
 }
 
 /// Parses `nvidia-smi --query-gpu=index,name,memory.total` output in either

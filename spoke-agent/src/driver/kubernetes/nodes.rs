@@ -1,0 +1,262 @@
+//! Inventory from Kubernetes Nodes: which nodes can take Axle's work, their
+//! GPUs (whole, MIG slices, time-sliced) and model, from allocatable
+//! resources and GPU feature discovery labels. Pure: a `Node` in, facts out.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+
+use crate::config::{GpuSpec, NodeSpec};
+use crate::gpu_class::gpu_class;
+
+/// The device plugin's whole-GPU resource.
+pub const WHOLE_GPU: &str = "nvidia.com/gpu";
+/// Prefix of the device plugin's MIG resources (`nvidia.com/mig-1g.10gb`).
+pub const MIG_PREFIX: &str = "nvidia.com/mig-";
+/// GPU feature discovery labels.
+pub const LABEL_PRODUCT: &str = "nvidia.com/gpu.product";
+pub const LABEL_MEMORY_MIB: &str = "nvidia.com/gpu.memory";
+pub const LABEL_COUNT: &str = "nvidia.com/gpu.count";
+pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
+/// Compute slices of the GPUs MIG partitions (A100, H100, H200): a profile
+/// `Ng.*` is N sevenths of the GPU.
+pub const MIG_SLICES_PER_GPU: u32 = 7;
+
+/// What the driver needs to know of a node to run work there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub name: String,
+    /// The value of `kubernetes.io/hostname`, which pods are pinned with.
+    pub hostname: String,
+    pub spec: NodeSpec,
+    /// MIG resources the node offers: (resource, thousandths of a GPU each).
+    pub mig: Vec<(String, u32)>,
+    /// Units of the time-slicing resource the node offers.
+    pub shared: u64,
+}
+
+/// Options of the inventory.
+#[derive(Debug, Clone)]
+pub struct InventoryOptions {
+    /// The time-slicing resource (the device plugin's renamed shared GPUs).
+    pub shared_resource: String,
+    /// Taints the driver's pods tolerate, so they do not exclude a node
+    /// (GPU nodes are commonly tainted `nvidia.com/gpu:NoSchedule`).
+    pub tolerated_taints: Vec<String>,
+}
+
+fn quantity_count(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> u64 {
+    q.0.trim().parse::<u64>().unwrap_or(0)
+}
+
+/// The thousandths of a GPU a MIG profile (`3g.40gb`) is, by compute slices.
+pub fn mig_milli(profile: &str) -> Option<u32> {
+    let g = profile.split('g').next()?.parse::<u32>().ok()?;
+    (1..=MIG_SLICES_PER_GPU)
+        .contains(&g)
+        .then(|| g * 1000 / MIG_SLICES_PER_GPU)
+}
+
+/// Why a node takes no work, if it does not: cordoned, tainted against
+/// Axle's pods, not Ready, or without GPUs.
+pub fn excluded(node: &Node, opts: &InventoryOptions) -> Option<String> {
+    let spec = node.spec.as_ref();
+    if spec.and_then(|s| s.unschedulable).unwrap_or(false) {
+        return Some("cordoned".into());
+    }
+    for t in spec.and_then(|s| s.taints.as_ref()).into_iter().flatten() {
+        let blocks = t.effect == "NoSchedule" || t.effect == "NoExecute";
+        if blocks && !opts.tolerated_taints.contains(&t.key) {
+            return Some(format!("tainted {}:{}", t.key, t.effect));
+        }
+    }
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    if !ready {
+        return Some("not Ready".into());
+    }
+    None
+}
+
+/// The node as Axle's inventory, or `None` when it takes no work.
+pub fn node_facts(node: &Node, opts: &InventoryOptions) -> Option<NodeFacts> {
+    let name = node.metadata.name.clone()?;
+    if excluded(node, opts).is_some() {
+        return None;
+    }
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let allocatable: BTreeMap<String, _> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.clone())
+        .unwrap_or_default();
+    let whole = allocatable.get(WHOLE_GPU).map(quantity_count).unwrap_or(0);
+    let mut mig = Vec::new();
+    for (resource, q) in &allocatable {
+        if let Some(profile) = resource.strip_prefix(MIG_PREFIX)
+            && quantity_count(q) > 0
+            && let Some(milli) = mig_milli(profile)
+        {
+            mig.push((resource.clone(), milli));
+        }
+    }
+    mig.sort_by_key(|(r, m)| (*m, r.clone()));
+    let shared = allocatable
+        .get(&opts.shared_resource)
+        .map(quantity_count)
+        .unwrap_or(0);
+    // Physical GPUs: the whole-GPU resource, or (all partitioned or shared)
+    // the GPU feature discovery count.
+    let labelled = labels
+        .get(LABEL_COUNT)
+        .and_then(|c| c.parse::<u64>().ok())
+        .unwrap_or(0);
+    let count = if whole > 0 { whole } else { labelled };
+    if count == 0 {
+        return None;
+    }
+    let model = labels
+        .get(LABEL_PRODUCT)
+        .map(|p| gpu_class(p))
+        .unwrap_or_else(|| "UNKNOWN".to_string());
+    let memory_mb = labels
+        .get(LABEL_MEMORY_MIB)
+        .and_then(|m| m.parse::<u64>().ok())
+        .unwrap_or(0);
+    let count = u32::try_from(count.min(1024)).unwrap_or(1024);
+    Some(NodeFacts {
+        hostname: labels
+            .get(LABEL_HOSTNAME)
+            .cloned()
+            .unwrap_or_else(|| name.clone()),
+        spec: NodeSpec {
+            name: name.clone(),
+            gpus: (0..count)
+                .map(|index| GpuSpec {
+                    index,
+                    model: model.clone(),
+                    memory_mb,
+                })
+                .collect(),
+        },
+        name,
+        mig,
+        shared,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec as K8sNodeSpec, NodeStatus, Taint};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    pub(crate) fn opts() -> InventoryOptions {
+        InventoryOptions {
+            shared_resource: "nvidia.com/gpu.shared".into(),
+            tolerated_taints: vec!["nvidia.com/gpu".into()],
+        }
+    }
+
+    /// A Ready node with `allocatable` resources and GPU discovery labels.
+    pub(crate) fn gpu_node(name: &str, product: &str, allocatable: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([
+                    (LABEL_PRODUCT.to_string(), product.to_string()),
+                    (LABEL_MEMORY_MIB.to_string(), "81920".to_string()),
+                    (LABEL_COUNT.to_string(), "4".to_string()),
+                    (LABEL_HOSTNAME.to_string(), format!("{name}.example")),
+                ])),
+                ..Default::default()
+            },
+            spec: Some(K8sNodeSpec::default()),
+            status: Some(NodeStatus {
+                allocatable: Some(
+                    allocatable
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                        .collect(),
+                ),
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn whole_mig_and_shared_gpus_with_model_and_memory() {
+        let n = gpu_node("a", "NVIDIA-A100-SXM4-80GB", &[("nvidia.com/gpu", "4")]);
+        let f = node_facts(&n, &opts()).unwrap();
+        assert_eq!(f.spec.gpus.len(), 4);
+        assert_eq!(f.spec.gpus[0].model, "A100");
+        assert_eq!(f.spec.gpus[0].memory_mb, 81920);
+        assert_eq!(f.hostname, "a.example");
+        let n = gpu_node(
+            "m",
+            "NVIDIA-H100-80GB-HBM3",
+            &[
+                ("nvidia.com/mig-1g.10gb", "7"),
+                ("nvidia.com/mig-3g.40gb", "2"),
+            ],
+        );
+        let f = node_facts(&n, &opts()).unwrap();
+        assert_eq!(f.spec.gpus.len(), 4, "counted from the discovery label");
+        assert_eq!(
+            f.mig,
+            vec![
+                ("nvidia.com/mig-1g.10gb".to_string(), 142),
+                ("nvidia.com/mig-3g.40gb".to_string(), 428)
+            ]
+        );
+        let n = gpu_node("s", "NVIDIA-L4", &[("nvidia.com/gpu.shared", "16")]);
+        let f = node_facts(&n, &opts()).unwrap();
+        assert_eq!((f.shared, f.spec.gpus[0].model.as_str()), (16, "L4"));
+    }
+
+    #[test]
+    fn cordoned_tainted_not_ready_and_gpu_less_nodes_take_no_work() {
+        let mut n = gpu_node("a", "NVIDIA-A100", &[("nvidia.com/gpu", "4")]);
+        n.spec.as_mut().unwrap().unschedulable = Some(true);
+        assert_eq!(excluded(&n, &opts()).as_deref(), Some("cordoned"));
+        let mut n = gpu_node("a", "NVIDIA-A100", &[("nvidia.com/gpu", "4")]);
+        n.spec.as_mut().unwrap().taints = Some(vec![Taint {
+            key: "maintenance".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]);
+        assert!(node_facts(&n, &opts()).is_none());
+        // The GPU taint the driver's pods tolerate does not exclude it.
+        n.spec.as_mut().unwrap().taints = Some(vec![Taint {
+            key: "nvidia.com/gpu".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]);
+        assert!(node_facts(&n, &opts()).is_some());
+        let mut n = gpu_node("a", "NVIDIA-A100", &[("nvidia.com/gpu", "4")]);
+        n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+        assert_eq!(excluded(&n, &opts()).as_deref(), Some("not Ready"));
+        let mut n = gpu_node("cpu", "", &[("cpu", "64")]);
+        n.metadata.labels = None;
+        assert!(node_facts(&n, &opts()).is_none());
+    }
+
+    #[test]
+    fn mig_profiles_are_sevenths() {
+        assert_eq!(mig_milli("1g.10gb"), Some(142));
+        assert_eq!(mig_milli("7g.80gb"), Some(1000));
+        assert_eq!(mig_milli("9g.x"), None);
+        assert_eq!(mig_milli("junk"), None);
+    }
+}

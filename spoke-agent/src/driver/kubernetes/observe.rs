@@ -1,0 +1,304 @@
+//! What a Job and its pods say about a run, in Axle's terms: waiting,
+//! started (every replica running), succeeded, or failed with the reason a
+//! person needs (OOMKilled, an image that cannot be pulled, a bad config,
+//! unschedulable, refused by the namespace's quota, past its deadline).
+//! Pure: objects in, an observation out.
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, Pod};
+
+use super::manifest::COMPLETION_INDEX_ANNOTATION;
+
+/// Container waiting reasons that do not fix themselves: reported at once
+/// as a failure instead of a silent hang.
+pub const FATAL_WAITING_REASONS: &[&str] = &[
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "CrashLoopBackOff",
+];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observation {
+    /// Not every replica runs yet (or the pods are still being made).
+    Waiting,
+    /// Every replica runs.
+    Started,
+    Succeeded,
+    Failed {
+        exit_code: i32,
+        message: String,
+    },
+}
+
+fn replica_of(pod: &Pod) -> String {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(COMPLETION_INDEX_ANNOTATION))
+        .or_else(|| {
+            pod.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(COMPLETION_INDEX_ANNOTATION))
+        })
+        .cloned()
+        .unwrap_or_else(|| "0".into())
+}
+
+/// The failure a pod shows, if any.
+fn pod_failure(pod: &Pod) -> Option<(i32, String)> {
+    let status = pod.status.as_ref()?;
+    let r = replica_of(pod);
+    for c in status.container_statuses.iter().flatten() {
+        let state = c.state.as_ref();
+        if let Some(t) = state.and_then(|s| s.terminated.as_ref())
+            && t.exit_code != 0
+        {
+            let reason = t.reason.clone().unwrap_or_else(|| "Error".into());
+            return Some((
+                t.exit_code,
+                format!(
+                    "replica {r}: container exited with code {} ({reason})",
+                    t.exit_code
+                ),
+            ));
+        }
+        if let Some(w) = state.and_then(|s| s.waiting.as_ref())
+            && let Some(reason) = &w.reason
+            && FATAL_WAITING_REASONS.contains(&reason.as_str())
+        {
+            let detail = w.message.clone().unwrap_or_default();
+            return Some((
+                -1,
+                format!("replica {r}: {reason}: {detail}")
+                    .trim_end_matches(": ")
+                    .to_string(),
+            ));
+        }
+    }
+    if status.phase.as_deref() == Some("Failed") {
+        let why = status
+            .reason
+            .clone()
+            .or_else(|| status.message.clone())
+            .unwrap_or_else(|| "the pod failed".into());
+        return Some((-1, format!("replica {r}: {why}")));
+    }
+    for cond in status.conditions.iter().flatten() {
+        if cond.type_ == "PodScheduled"
+            && cond.status == "False"
+            && cond.reason.as_deref() == Some("Unschedulable")
+        {
+            let why = cond.message.clone().unwrap_or_default();
+            return Some((-1, format!("replica {r}: unschedulable: {why}")));
+        }
+    }
+    None
+}
+
+/// The Job's state from itself, its pods and its events.
+pub fn observe(job: &Job, pods: &[&Pod], events: &[&Event]) -> Observation {
+    let spec = job.spec.as_ref();
+    let want = spec.and_then(|s| s.parallelism).unwrap_or(1).max(1) as usize;
+    let status = job.status.as_ref();
+    for c in status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        if c.status != "True" {
+            continue;
+        }
+        match c.type_.as_str() {
+            "Complete" => return Observation::Succeeded,
+            "Failed" => {
+                // The pod's own reason says more than the Job's summary.
+                if let Some((exit_code, message)) = pods.iter().find_map(|p| pod_failure(p)) {
+                    return Observation::Failed { exit_code, message };
+                }
+                let reason = c.reason.clone().unwrap_or_default();
+                let message = match reason.as_str() {
+                    "DeadlineExceeded" => {
+                        "exceeded its max runtime (activeDeadlineSeconds)".to_string()
+                    }
+                    _ => format!("{reason}: {}", c.message.clone().unwrap_or_default()),
+                };
+                return Observation::Failed {
+                    exit_code: -1,
+                    message,
+                };
+            }
+            _ => {}
+        }
+    }
+    if let Some((exit_code, message)) = pods.iter().find_map(|p| pod_failure(p)) {
+        return Observation::Failed { exit_code, message };
+    }
+    // Pods the Job controller could not create: quota, admission.
+    if let Some(e) = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedCreate"))
+        .max_by_key(|e| e.metadata.resource_version.clone())
+        && pods.len() < want
+    {
+        return Observation::Failed {
+            exit_code: -1,
+            message: format!(
+                "Kubernetes refused its pods: {}",
+                e.message.clone().unwrap_or_default()
+            ),
+        };
+    }
+    let succeeded = status.and_then(|s| s.succeeded).unwrap_or(0) as usize;
+    if succeeded >= want {
+        return Observation::Succeeded;
+    }
+    let running = pods
+        .iter()
+        .filter(|p| {
+            matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Running") | Some("Succeeded")
+            )
+        })
+        .count();
+    if running >= want {
+        Observation::Started
+    } else {
+        Observation::Waiting
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::batch::v1::{JobCondition, JobSpec, JobStatus};
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
+        PodCondition, PodStatus,
+    };
+
+    fn job(parallelism: i32) -> Job {
+        Job {
+            spec: Some(JobSpec {
+                parallelism: Some(parallelism),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn pod(phase: &str, state: Option<ContainerState>) -> Pod {
+        Pod {
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                container_statuses: state.map(|s| {
+                    vec![ContainerStatus {
+                        name: "workload".into(),
+                        state: Some(s),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn started_once_every_replica_runs_then_succeeded_when_complete() {
+        let j = job(2);
+        let (p1, p2) = (pod("Running", None), pod("Pending", None));
+        assert_eq!(observe(&j, &[&p1, &p2], &[]), Observation::Waiting);
+        let p2 = pod("Running", None);
+        assert_eq!(observe(&j, &[&p1, &p2], &[]), Observation::Started);
+        let mut done = job(2);
+        done.status = Some(JobStatus {
+            conditions: Some(vec![JobCondition {
+                type_: "Complete".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        assert_eq!(observe(&done, &[], &[]), Observation::Succeeded);
+    }
+
+    #[test]
+    fn oom_image_pull_config_and_unschedulable_are_failures_with_reasons() {
+        let j = job(1);
+        let oom = pod(
+            "Failed",
+            Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 137,
+                    reason: Some("OOMKilled".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        );
+        assert_eq!(
+            observe(&j, &[&oom], &[]),
+            Observation::Failed {
+                exit_code: 137,
+                message: "replica 0: container exited with code 137 (OOMKilled)".into()
+            }
+        );
+        for reason in [
+            "ImagePullBackOff",
+            "ErrImagePull",
+            "CreateContainerConfigError",
+        ] {
+            let p = pod(
+                "Pending",
+                Some(ContainerState {
+                    waiting: Some(ContainerStateWaiting {
+                        reason: Some(reason.into()),
+                        message: Some("details".into()),
+                    }),
+                    ..Default::default()
+                }),
+            );
+            match observe(&j, &[&p], &[]) {
+                Observation::Failed { message, .. } => {
+                    assert!(message.contains(reason), "{message}")
+                }
+                other => panic!("{reason}: {other:?}"),
+            }
+        }
+        let mut p = pod("Pending", None);
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some("0/3 nodes are available: insufficient nvidia.com/gpu".into()),
+            ..Default::default()
+        }]);
+        match observe(&j, &[&p], &[]) {
+            Observation::Failed { message, .. } => {
+                assert!(message.contains("insufficient nvidia.com/gpu"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_quota_refusal_is_reported_with_kubernetes_message() {
+        let j = job(1);
+        let e = Event {
+            reason: Some("FailedCreate".into()),
+            message: Some("pods \"x\" is forbidden: exceeded quota: axle-gpus, requested: nvidia.com/gpu=2, used: nvidia.com/gpu=3, limited: nvidia.com/gpu=4".into()),
+            ..Default::default()
+        };
+        match observe(&j, &[], &[&e]) {
+            Observation::Failed { message, .. } => {
+                assert!(message.contains("exceeded quota: axle-gpus"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
