@@ -45,6 +45,7 @@ fn dev_spokes(grpc_url: &str, data_dir: &std::path::Path, policy: &Policy) -> Ve
                 index,
                 model: model.to_string(),
                 memory_mb: 80 * 1024,
+                fractions_only: false,
             })
             .collect(),
     };

@@ -13,6 +13,8 @@ pub struct GpuSpec {
     /// Axle GPU class, e.g. `H100` (see [`crate::gpu_class`]).
     pub model: String,
     pub memory_mb: u64,
+    /// Partitioned (MIG) or time-sliced: only fractions fit.
+    pub fractions_only: bool,
 }
 
 /// One node of the cluster with its GPUs.
@@ -84,6 +86,7 @@ impl From<&GpuSpec> for pb::Gpu {
             index: gpu.index,
             model: gpu.model.clone(),
             memory_mb: gpu.memory_mb,
+            fractions_only: gpu.fractions_only,
         }
     }
 }

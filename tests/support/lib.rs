@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod kube;
+
 use axle_proto::api::{ClusterView, EventView, LogsView, SubmitRequest, WorkloadView};
 use serde_json::Value;
 
@@ -195,7 +197,10 @@ impl Proc {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("E2E_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env("NO_COLOR", "1");
         let child = cmd
             .spawn()
@@ -381,6 +386,8 @@ pub struct SpokeSpec {
     /// `--node` names (empty: node-0, node-1, ...).
     pub nodes: Vec<String>,
     pub data_dir: PathBuf,
+    /// More flags (e.g. `--driver kubernetes --kubeconfig F`).
+    pub extra_args: Vec<String>,
 }
 
 impl SpokeSpec {
@@ -391,6 +398,7 @@ impl SpokeSpec {
             gpus: gpus.iter().map(|g| g.to_string()).collect(),
             nodes: Vec::new(),
             data_dir: data_dir.to_path_buf(),
+            extra_args: Vec::new(),
         }
     }
 }
@@ -434,7 +442,10 @@ impl SpokeProc {
             .arg(&spec.data_dir)
             .env("E2E_CLUSTER", &spec.cluster)
             .env_remove("AXLE_SPOKE_TOKEN")
-            .env_remove("AXLE_HUB_GRPC");
+            .env_remove("AXLE_HUB_GRPC")
+            .env_remove("AXLE_SPOKE_DRIVER")
+            .env_remove("KUBECONFIG")
+            .args(&spec.extra_args);
         for g in &spec.gpus {
             cmd.arg("--gpus").arg(g);
         }

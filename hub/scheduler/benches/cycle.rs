@@ -89,6 +89,7 @@ fn inventory() -> Inventory {
                         gpu_model: "H100".into(),
                         gpu_count: GPUS_PER_NODE,
                         gpu_memory_mb: 80 * 1024,
+                        fractions_only: false,
                     })
                     .collect(),
             })

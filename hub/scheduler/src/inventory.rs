@@ -18,6 +18,7 @@ pub fn declared(policy: &Policy) -> Inventory {
                         gpu_model: g.gpu_model.clone(),
                         gpu_count: g.gpus_per_node as u32,
                         gpu_memory_mb: g.gpu_memory_gb * 1024,
+                        fractions_only: false,
                     });
                 }
             }
@@ -45,6 +46,7 @@ pub fn uniform(name: &str, region: &str, model: &str, gpus: u64, per_node: u32) 
             gpu_model: model.to_string(),
             gpu_count: n as u32,
             gpu_memory_mb: 80 * 1024,
+            fractions_only: false,
         });
         left -= n;
     }

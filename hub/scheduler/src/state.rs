@@ -27,6 +27,8 @@ pub(crate) struct NodeRec {
     pub model: u16,
     pub first_gpu: u32,
     pub gpu_count: u32,
+    /// Only fractions fit (MIG or time-sliced GPUs).
+    pub fractions_only: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -143,6 +145,7 @@ impl State {
                     model,
                     first_gpu: gpu_free.len() as u32,
                     gpu_count: n.gpu_count,
+                    fractions_only: n.fractions_only,
                 });
                 node_names.push(n.name.clone());
                 gpu_node.extend(std::iter::repeat_n(

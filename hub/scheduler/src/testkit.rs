@@ -76,6 +76,7 @@ pub fn inventory(nodes: &[(&str, u32)]) -> Inventory {
                     gpu_model: m.to_string(),
                     gpu_count: *n,
                     gpu_memory_mb: 0,
+                    fractions_only: false,
                 })
                 .collect(),
         }],

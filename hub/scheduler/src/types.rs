@@ -88,6 +88,10 @@ pub struct NodeInventory {
     pub gpu_model: String,
     pub gpu_count: u32,
     pub gpu_memory_mb: u64,
+    /// Its GPUs are partitioned (MIG) or time-sliced: only fractional
+    /// requests fit, never a whole GPU.
+    #[serde(default)]
+    pub fractions_only: bool,
 }
 
 /// One slice of one GPU given to a workload.

@@ -465,6 +465,7 @@ fn add_declared_clusters(policy: &Policy, clusters: &mut BTreeMap<String, Cluste
                         index,
                         model: n.gpu_model.clone(),
                         memory_mb: n.gpu_memory_mb,
+                        fractions_only: n.fractions_only,
                     })
                     .collect(),
             })
@@ -640,17 +641,21 @@ impl Inner {
                         .iter()
                         .flat_map(|n| {
                             // One inventory node per GPU model on the node.
-                            let mut by_model: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
+                            let mut by_model: BTreeMap<&str, (u32, u64, bool)> = BTreeMap::new();
                             for g in &n.gpus {
-                                let e = by_model.entry(&g.model).or_insert((0, g.memory_mb));
+                                let e = by_model.entry(&g.model).or_insert((0, g.memory_mb, false));
                                 e.0 = e.0.max(g.index + 1);
+                                e.2 |= g.fractions_only;
                             }
-                            by_model.into_iter().map(|(m, (count, mem))| NodeInventory {
-                                name: n.name.clone(),
-                                gpu_model: m.to_string(),
-                                gpu_count: count,
-                                gpu_memory_mb: mem,
-                            })
+                            by_model
+                                .into_iter()
+                                .map(|(m, (count, mem, fractions_only))| NodeInventory {
+                                    name: n.name.clone(),
+                                    gpu_model: m.to_string(),
+                                    gpu_count: count,
+                                    gpu_memory_mb: mem,
+                                    fractions_only,
+                                })
                         })
                         .collect(),
                 })
@@ -1062,6 +1067,7 @@ impl Inner {
                         index: g.index,
                         model: g.model.clone(),
                         memory_mb: g.memory_mb,
+                        fractions_only: g.fractions_only,
                     })
                     .collect(),
             });

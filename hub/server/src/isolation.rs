@@ -81,6 +81,7 @@ mod tests {
                 index: 0,
                 model: "A100".into(),
                 memory_mb: 0,
+                fractions_only: false,
             }],
         }];
         let teams = teams_for(&policy, &a100);

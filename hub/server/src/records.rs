@@ -158,6 +158,9 @@ pub struct GpuRecord {
     pub index: u32,
     pub model: String,
     pub memory_mb: u64,
+    /// Partitioned (MIG) or time-sliced: only fractions fit.
+    #[serde(default)]
+    pub fractions_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -68,6 +68,7 @@ pub fn inventory_of(list: &NodeList) -> Inventory {
                     gpu_model: n.gpu_model.clone(),
                     gpu_count: n.gpu_count,
                     gpu_memory_mb: 0,
+                    fractions_only: false,
                 })
                 .collect(),
         }],

@@ -328,6 +328,7 @@ pub fn nodes() -> Vec<NodeSpec> {
                 index,
                 model: "H100".into(),
                 memory_mb: 81559,
+                fractions_only: false,
             })
             .collect(),
     }]

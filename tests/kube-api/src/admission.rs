@@ -338,14 +338,19 @@ fn admit_pod(s: &mut State, pod: &mut Pod) -> Result<(), ApiError> {
         .and_then(|c| c.1)
         .or_else(|| Some("PreemptLowerPriority".into()));
     // The "scheduler": a pod pinned by a hostname nodeSelector is bound to
-    // that node; others wait for a test to bind or run them.
-    if spec.node_name.is_none()
-        && let Some(host) = spec
+    // that node; one whose required node affinity names hostnames goes to
+    // the named node with the fewest active pods (spreading a Job's pods);
+    // others wait for a test to bind or run them.
+    if spec.node_name.is_none() {
+        if let Some(host) = spec
             .node_selector
             .as_ref()
             .and_then(|ns| ns.get(HOSTNAME_LABEL))
-    {
-        spec.node_name = Some(host.clone());
+        {
+            spec.node_name = Some(host.clone());
+        } else if let Some(hosts) = affinity_hostnames(spec) {
+            spec.node_name = hosts.iter().min_by_key(|h| active_pods_on(s, h)).cloned();
+        }
     }
     let bound = spec.node_name.is_some();
     check_quota(s, &namespace, pod)?;
@@ -363,6 +368,43 @@ fn admit_pod(s: &mut State, pod: &mut Pod) -> Result<(), ApiError> {
         ..Default::default()
     });
     Ok(())
+}
+
+/// The hostnames of a pod's required node affinity, when it is one term
+/// `kubernetes.io/hostname In [...]`.
+fn affinity_hostnames(spec: &k8s_openapi::api::core::v1::PodSpec) -> Option<Vec<String>> {
+    let terms = &spec
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms;
+    let [term] = terms.as_slice() else {
+        return None;
+    };
+    let [req] = term.match_expressions.as_deref()? else {
+        return None;
+    };
+    (req.key == HOSTNAME_LABEL && req.operator == "In")
+        .then(|| req.values.clone().unwrap_or_default())
+        .filter(|v| !v.is_empty())
+}
+
+fn active_pods_on(s: &State, host: &str) -> usize {
+    s.iter_kind(Kind::Pod, None)
+        .filter(|o| match o {
+            Object::Pod(p) => {
+                p.spec.as_ref().and_then(|x| x.node_name.as_deref()) == Some(host)
+                    && !matches!(
+                        p.status.as_ref().and_then(|x| x.phase.as_deref()),
+                        Some("Succeeded" | "Failed")
+                    )
+            }
+            _ => false,
+        })
+        .count()
 }
 
 fn qos_class(pod: &Pod) -> &'static str {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use axum::http::Method;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ResourceQuota};
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::watch;
@@ -309,6 +309,17 @@ impl Cluster {
         self.get(Kind::ResourceQuota, namespace, name, |o| {
             if let Object::ResourceQuota(q) = o {
                 Some(q.clone())
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Roles in a namespace, or in all (None).
+    pub fn roles(&self, namespace: Option<&str>) -> Vec<Role> {
+        self.list(Kind::Role, namespace, |o| {
+            if let Object::Role(r) = o {
+                Some(r.clone())
             } else {
                 None
             }

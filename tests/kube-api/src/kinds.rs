@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ResourceQuota};
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, WatchEvent};
 use k8s_openapi::{List, Metadata, Resource};
@@ -126,6 +126,7 @@ kinds! {
     Pod(Pod), namespaced: true, status: true;
     Job(Job), namespaced: true, status: true;
     ResourceQuota(ResourceQuota), namespaced: true, status: true;
+    Role(Role), namespaced: true, status: false;
     RoleBinding(RoleBinding), namespaced: true, status: false;
     Event(Event), namespaced: true, status: false;
 }

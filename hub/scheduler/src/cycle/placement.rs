@@ -132,7 +132,7 @@ impl<'s> Work<'s> {
                 let full_on = |fl: &BTreeMap<u32, GpuFree>, n: u32| {
                     let nr = &self.s.nodes[n as usize];
                     (nr.first_gpu..nr.first_gpu + nr.gpu_count)
-                        .filter(|&x| get(fl, x) == FULL_GPU)
+                        .filter(|&x| !nr.fractions_only && get(fl, x) == FULL_GPU)
                         .collect::<Vec<u32>>()
                 };
                 // Best-fit node holding the whole replica.
@@ -202,6 +202,7 @@ impl<'s> Work<'s> {
                 let node = &self.s.nodes[self.s.gpu_node[g as usize] as usize];
                 if f == FULL_GPU
                     && self.gpu_free[g as usize] != FULL_GPU
+                    && !node.fractions_only
                     && node.cluster == cluster
                     && node.model == m
                 {
@@ -218,8 +219,9 @@ impl<'s> Work<'s> {
                 if g.0 < MILLI_PER_GPU {
                     gpus.into_iter().any(|x| u64::from(free(x)) >= g.0)
                 } else {
-                    gpus.into_iter().filter(|&x| free(x) == FULL_GPU).count() as u64
-                        >= g.whole_gpus()
+                    !nr.fractions_only
+                        && gpus.into_iter().filter(|&x| free(x) == FULL_GPU).count() as u64
+                            >= g.whole_gpus()
                 }
             });
         }
@@ -278,5 +280,40 @@ mod tests {
         let g = s.nodes[1].first_gpu;
         let overlay = BTreeMap::from([(g, FULL_GPU), (g + 1, FULL_GPU)]);
         assert!(w.fits_in(&spread, m, 0, &nodes, &overlay));
+    }
+
+    /// A node whose GPUs are MIG-partitioned or time-sliced takes fractions
+    /// (before a whole GPU elsewhere is split) and never a whole GPU, alone,
+    /// in a gang or spread.
+    #[test]
+    fn a_fractions_only_node_takes_fractions_and_never_whole_gpus() {
+        let p = policy(&[("a", &[("H100", 0.0, 16.0)])], BorrowedOnly);
+        let mut inv = inventory(&[("H100", 2), ("H100", 2)]);
+        inv.clusters[0].nodes[0].fractions_only = true;
+        let s = State::new(p, &inv);
+        let w = Work::new(&s, true, 0);
+        let m = s.cat.model_index["H100"];
+        let on_node = |plan: &Plan, node: usize| {
+            plan.iter()
+                .flatten()
+                .all(|&(g, _)| s.gpu_node[g as usize] as usize == node)
+        };
+        let quarter = w.find(&req(1, "a", "development", 0.25), m, None).unwrap();
+        assert!(on_node(&quarter, 0), "{quarter:?}");
+        let one = w.find(&req(2, "a", "training", 1.0), m, None).unwrap();
+        assert!(on_node(&one, 1), "{one:?}");
+        assert!(w.find(&req(3, "a", "training", 3.0), m, None).is_none());
+        let mut spread = req(4, "a", "training", 3.0);
+        spread.allow_spread = true;
+        assert!(
+            w.find(&spread, m, None).is_none(),
+            "2 whole GPUs exist, not 3"
+        );
+        let mut gang = req(5, "a", "training", 1.0);
+        gang.replicas = 2;
+        assert!(on_node(&w.find(&gang, m, None).unwrap(), 1));
+        gang.replicas = 3;
+        assert!(w.find(&gang, m, None).is_none());
+        assert!(!w.fits_in(&req(6, "a", "training", 1.0), m, 0, &[0], &BTreeMap::new()));
     }
 }

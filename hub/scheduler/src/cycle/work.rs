@@ -17,11 +17,13 @@ pub(super) struct Work<'s> {
     pub(super) s: &'s State,
     pub(super) gpu_free: Vec<GpuFree>,
     pub(super) node_full: Vec<u32>,
-    /// Per model: (fully free GPUs, node) for schedulable nodes with at least one.
+    /// Per model: (fully free GPUs, node) for schedulable nodes with at
+    /// least one; nodes that take only fractions are never here.
     pub(super) whole: Vec<BTreeSet<(u32, u32)>>,
-    /// Per model: (free milli, gpu) for schedulable GPUs that are partly used.
+    /// Per model: (free milli, gpu) for schedulable GPUs that are partly
+    /// used, and every GPU with room of a node that takes only fractions.
     pub(super) partial: Vec<BTreeSet<(GpuFree, u32)>>,
-    /// [cluster][model] fully free GPUs.
+    /// [cluster][model] fully free GPUs (that may take whole requests).
     pub(super) cluster_full: Vec<Vec<u32>>,
     pub(super) global_free: u64,
     pub(super) usage: Vec<Vec<Milli>>,
@@ -65,7 +67,11 @@ impl<'s> Work<'s> {
             let mut full = 0;
             for g in n.first_gpu..n.first_gpu + n.gpu_count {
                 let f = w.gpu_free[g as usize];
-                if f == FULL_GPU {
+                if n.fractions_only {
+                    if f > 0 && sched {
+                        w.partial[n.model as usize].insert((f, g));
+                    }
+                } else if f == FULL_GPU {
                     full += 1;
                 } else if f > 0 && sched {
                     w.partial[n.model as usize].insert((f, g));
@@ -105,6 +111,15 @@ impl<'s> Work<'s> {
             return;
         }
         self.global_free = self.global_free + u64::from(new_free) - u64::from(old);
+        if n.fractions_only {
+            if old > 0 {
+                self.partial[model].remove(&(old, g));
+            }
+            if new_free > 0 {
+                self.partial[model].insert((new_free, g));
+            }
+            return;
+        }
         if old > 0 && old < FULL_GPU {
             self.partial[model].remove(&(old, g));
         }

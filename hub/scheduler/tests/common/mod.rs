@@ -214,6 +214,7 @@ impl InventoryBuilder {
                 gpu_model: model.to_string(),
                 gpu_count,
                 gpu_memory_mb: 80 * 1024,
+                fractions_only: false,
             });
         self
     }

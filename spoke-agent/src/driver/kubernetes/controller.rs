@@ -11,15 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axle_proto::pb;
-use futures::{AsyncReadExt as _, StreamExt as _};
+use futures::StreamExt as _;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event as K8sEvent, Namespace, Node, Pod, ResourceQuota};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::Client;
-use kube::api::{
-    Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams, PropagationPolicy,
-};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::reflector::Store;
 use kube::runtime::reflector::store::Writer;
@@ -28,14 +26,13 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use super::isolation::{orphaned, priority_classes, team_objects};
-use super::manifest::{
-    COMPLETION_INDEX_ANNOTATION, CONTAINER, LABEL_MANAGED_BY, MANAGED_BY, ManifestOptions,
-};
+use super::manifest::{COMPLETION_INDEX_ANNOTATION, LABEL_MANAGED_BY, MANAGED_BY, ManifestOptions};
 use super::nodes::{InventoryOptions, NodeFacts, node_facts};
+use super::podlogs;
 use super::reconcile::{Action, Observed, Track, Want, reconcile, run_of};
 use crate::config::NodeSpec;
 use crate::event::Event;
-use crate::logs::{LOG_PIPE_CHANNEL_CAPACITY, LineSplitter, write_log};
+use crate::logs::{LOG_PIPE_CHANNEL_CAPACITY, write_log};
 
 /// API calls (creates, deletes, applies) in flight at once: enough to keep
 /// up with hundreds of assignments a second on a real API server, few
@@ -95,16 +92,76 @@ pub struct ControllerOptions {
     pub data_dir: PathBuf,
 }
 
+/// A failed call is tried again after this long while the API server is
+/// unreachable or overloaded (connection refused, 429, 5xx); a refusal
+/// (4xx) is final.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// A broken pod log stream is reopened (skipping what was already read)
+/// this many times, `RETRY_AFTER` apart: two minutes of API server outage.
+/// Beyond it the rest of that pod's output is not collected; the workload
+/// itself is unaffected.
+const MAX_LOG_REOPENS: u32 = 120;
+
+/// Why an API call failed.
+#[derive(Debug)]
+enum CallError {
+    /// The API server refused it (admission, quota, validation).
+    Refused(String),
+    /// It could not be made or the server could not answer: try again.
+    Transient(String),
+}
+
+/// A Job that cannot be created for this many tries in a row (five
+/// minutes at `RETRY_AFTER`) fails its run with the last error, so a
+/// workload never waits forever on an API server that does not come back.
+const MAX_CREATE_RETRIES: u32 = 300;
+
+fn call_error(e: kube::Error) -> CallError {
+    match e {
+        // 404: the team's namespace is not there yet (its isolation is
+        // being applied); it will be.
+        kube::Error::Api(s) if s.code != 429 && s.code != 404 && s.code < 500 => {
+            CallError::Refused(s.message)
+        }
+        other => CallError::Transient(other.to_string()),
+    }
+}
+
 /// What an applier task reports back.
 enum Done {
     Created {
         run: (u64, u64),
-        result: Result<(), String>,
+        result: Result<(), CallError>,
     },
     Deleted {
         run: (u64, u64),
         result: Result<(), String>,
     },
+    /// `RETRY_AFTER` passed since a transient failure: issue it again.
+    RetryCreate {
+        run: (u64, u64),
+    },
+    RetryDelete {
+        run: (u64, u64),
+    },
+}
+
+/// An action without its Job body, for the debug log.
+struct ActionSummary<'a>(&'a Action);
+
+impl std::fmt::Debug for ActionSummary<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Action::Create { run, .. } => write!(f, "create {run:?}"),
+            Action::Delete { run, grace_s, .. } => write!(f, "delete {run:?} grace {grace_s}s"),
+            Action::Started { run } => write!(f, "started {run:?}"),
+            Action::Ended(s) => write!(
+                f,
+                "ended ({}, {}) phase {} {:?}",
+                s.workload_id, s.epoch, s.phase, s.message
+            ),
+        }
+    }
 }
 
 /// What a watcher tells the controller.
@@ -179,6 +236,10 @@ pub struct Controller {
     last_nodes: Option<Vec<NodeSpec>>,
     /// Cleared when the PriorityClasses could not be created.
     priority_classes_flag: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Applier tasks and retry timers report here.
+    done_tx: mpsc::Sender<Done>,
+    /// Failed tries of Job creations still being retried.
+    create_retries: BTreeMap<(u64, u64), u32>,
 }
 
 /// The `(workload, epoch)` of a pod and its replica index.
@@ -203,6 +264,7 @@ impl Controller {
         commands: mpsc::Receiver<Command>,
     ) {
         let (seen_tx, seen_rx) = mpsc::channel(1024);
+        let (done_tx, done_rx) = mpsc::channel::<Done>(1024);
         let axle = labels_of_axle();
         let (nodes, w) = {
             let w = Writer::<Node>::default();
@@ -268,13 +330,20 @@ impl Controller {
             log_writers: BTreeMap::new(),
             last_nodes: None,
             priority_classes_flag: None,
+            done_tx,
+            create_retries: BTreeMap::new(),
         };
-        tokio::spawn(c.run(commands, seen_rx));
+        tokio::spawn(c.run(commands, seen_rx, done_rx));
     }
 
-    async fn run(mut self, mut commands: mpsc::Receiver<Command>, mut seen: mpsc::Receiver<Seen>) {
+    async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<Command>,
+        mut seen: mpsc::Receiver<Seen>,
+        mut done_rx: mpsc::Receiver<Done>,
+    ) {
         let limit = Arc::new(Semaphore::new(MAX_INFLIGHT_API_CALLS));
-        let (done_tx, mut done_rx) = mpsc::channel::<Done>(1024);
+        let done_tx = self.done_tx.clone();
         let mut calls: JoinSet<()> = JoinSet::new();
         let mut dirty = true;
         let mut tick = tokio::time::interval(RECONCILE_EVERY);
@@ -427,7 +496,53 @@ impl Controller {
         match done {
             Done::Created {
                 run,
-                result: Err(message),
+                result: Err(CallError::Transient(message)),
+            } => {
+                let tries = self.create_retries.entry(run).or_default();
+                *tries += 1;
+                if *tries > MAX_CREATE_RETRIES {
+                    self.create_retries.remove(&run);
+                    let t = self.tracks.entry(run).or_default();
+                    if !t.ended {
+                        t.ended = true;
+                        self.end(pb::WorkloadStatus {
+                            workload_id: run.0,
+                            epoch: run.1,
+                            phase: pb::Phase::Failed as i32,
+                            exit_code: 127,
+                            message: format!(
+                                "cannot create its Job after {MAX_CREATE_RETRIES} tries: {message}"
+                            ),
+                        });
+                    }
+                    return;
+                }
+                tracing::warn!(workload_id = run.0, epoch = run.1, %message, "cannot create the Job yet; retrying");
+                // A missing namespace is made by the next isolation pass.
+                self.teams_applied = false;
+                self.retry_later(Done::RetryCreate { run });
+            }
+            Done::Created {
+                run,
+                result: Ok(()),
+            } => {
+                self.create_retries.remove(&run);
+            }
+            Done::RetryCreate { run } => {
+                if let Some(t) = self.tracks.get_mut(&run)
+                    && !t.seen
+                {
+                    t.created = false;
+                }
+            }
+            Done::RetryDelete { run } => {
+                if let Some(t) = self.tracks.get_mut(&run) {
+                    t.deleting = false;
+                }
+            }
+            Done::Created {
+                run,
+                result: Err(CallError::Refused(message)),
             } => {
                 // The API refused the Job (quota, admission, validation).
                 let t = self.tracks.entry(run).or_default();
@@ -447,12 +562,19 @@ impl Controller {
                 result: Err(message),
             } => {
                 tracing::warn!(workload_id = run.0, epoch = run.1, %message, "cannot delete the Job; retrying");
-                if let Some(t) = self.tracks.get_mut(&run) {
-                    t.deleting = false;
-                }
+                self.retry_later(Done::RetryDelete { run });
             }
-            Done::Created { .. } | Done::Deleted { .. } => {}
+            Done::Deleted { .. } => {}
         }
+    }
+
+    /// Hands `retry` back to the loop after `RETRY_AFTER`.
+    fn retry_later(&self, retry: Done) {
+        let done = self.done_tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(RETRY_AFTER).await;
+            let _ = done.send(retry).await;
+        });
     }
 
     fn end(&mut self, status: pb::WorkloadStatus) {
@@ -494,6 +616,7 @@ impl Controller {
             self.priority_classes_ok,
         );
         for a in actions {
+            tracing::debug!(action = ?ActionSummary(&a), "reconciled");
             match a {
                 Action::Create { run, job } => {
                     let api: Api<Job> = Api::namespaced(
@@ -506,9 +629,9 @@ impl Controller {
                         let _p = permit.acquire_owned().await;
                         let result = match api.create(&PostParams::default(), &job).await {
                             Ok(_) => Ok(()),
+                            // Made by an earlier try whose answer was lost.
                             Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-                            Err(kube::Error::Api(e)) => Err(e.message),
-                            Err(e) => Err(e.to_string()),
+                            Err(e) => Err(call_error(e)),
                         };
                         let _ = done.send(Done::Created { run, result }).await;
                     });
@@ -579,40 +702,16 @@ impl Controller {
             let tx = self.log_writer(run);
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
             let prefix = (replicas > 1).then(|| format!("[r{replica}] "));
-            tokio::spawn(async move {
-                let lp = LogParams {
-                    follow: true,
-                    container: Some(CONTAINER.to_string()),
-                    ..LogParams::default()
-                };
-                let mut reader = match api.log_stream(&name, &lp).await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::debug!(pod = %name, error = %e, "cannot follow the pod's log");
-                        return;
-                    }
-                };
-                let mut splitter = prefix.as_deref().map(LineSplitter::new);
-                let mut buf = vec![0u8; 8 * 1024];
-                loop {
-                    let n = match reader.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    let data = match splitter.as_mut() {
-                        Some(s) => s.feed(&buf[..n]),
-                        None => buf[..n].to_vec(),
-                    };
-                    if !data.is_empty() && tx.send(data).await.is_err() {
-                        return;
-                    }
-                }
-                if let Some(rest) = splitter.as_mut().map(LineSplitter::finish)
-                    && !rest.is_empty()
-                {
-                    let _ = tx.send(rest).await;
-                }
-            });
+            tokio::spawn(podlogs::follow(
+                api,
+                name,
+                prefix,
+                tx,
+                podlogs::Reopen {
+                    after: RETRY_AFTER,
+                    max: MAX_LOG_REOPENS,
+                },
+            ));
         }
     }
 

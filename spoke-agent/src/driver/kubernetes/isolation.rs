@@ -168,13 +168,13 @@ pub fn orphaned(namespaces: &[Namespace], teams: &[pb::TeamIsolation]) -> Vec<St
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::driver::kubernetes::manifest::tests::opts;
     use crate::driver::kubernetes::nodes::node_facts;
     use crate::driver::kubernetes::nodes::tests::{gpu_node, opts as inv_opts};
 
-    fn team() -> pb::TeamIsolation {
+    pub(crate) fn team() -> pb::TeamIsolation {
         pb::TeamIsolation {
             name: "vision".into(),
             members: vec![

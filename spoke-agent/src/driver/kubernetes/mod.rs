@@ -9,16 +9,20 @@
 //! - `observe.rs` — a run's state from its Job, pods and events (pure);
 //! - `reconcile.rs` — wants × observed → actions (pure);
 //! - `isolation.rs` — team namespaces, quotas, RBAC, priority classes (pure);
-//! - `controller.rs` — watchers, the reconcile loop, the applier, logs.
+//! - `controller.rs` — watchers, the reconcile loop, the applier, logs;
+//! - `podlogs.rs` — one pod's log, reopened after a broken stream;
+//! - `access.rs` — every API call it makes, as RBAC rules.
 //!
 //! Jobs outlive the agent: on shutdown they keep running, and a restarted
 //! agent adopts them by label (the hub stops those it no longer wants).
 
+pub mod access;
 pub mod controller;
 pub mod isolation;
 pub mod manifest;
 pub mod nodes;
 pub mod observe;
+pub mod podlogs;
 pub mod reconcile;
 
 use std::sync::{Arc, Mutex};

@@ -141,6 +141,9 @@ pub fn node_facts(node: &Node, opts: &InventoryOptions) -> Option<NodeFacts> {
                     index,
                     model: model.clone(),
                     memory_mb,
+                    // No whole-GPU resource: every GPU is partitioned (MIG)
+                    // or time-sliced, so only fractions fit.
+                    fractions_only: whole == 0,
                 })
                 .collect(),
         },

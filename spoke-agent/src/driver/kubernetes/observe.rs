@@ -48,6 +48,14 @@ fn replica_of(pod: &Pod) -> String {
         .unwrap_or_else(|| "0".into())
 }
 
+/// A pod whose final state has not been seen yet.
+fn pod_is_live(pod: &Pod) -> bool {
+    !matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
 /// The failure a pod shows, if any.
 fn pod_failure(pod: &Pod) -> Option<(i32, String)> {
     let status = pod.status.as_ref()?;
@@ -120,6 +128,12 @@ pub fn observe(job: &Job, pods: &[&Pod], events: &[&Event]) -> Observation {
                     return Observation::Failed { exit_code, message };
                 }
                 let reason = c.reason.clone().unwrap_or_default();
+                // Jobs and pods come from separate watches: a Job failed
+                // by its pods can arrive before those pods' final state.
+                // Wait for them rather than report a reason-less -1.
+                if reason == "BackoffLimitExceeded" && pods.iter().any(|p| pod_is_live(p)) {
+                    return Observation::Waiting;
+                }
                 let message = match reason.as_str() {
                     "DeadlineExceeded" => {
                         "exceeded its max runtime (activeDeadlineSeconds)".to_string()
@@ -141,7 +155,12 @@ pub fn observe(job: &Job, pods: &[&Pod], events: &[&Event]) -> Observation {
     if let Some(e) = events
         .iter()
         .filter(|e| e.reason.as_deref() == Some("FailedCreate"))
-        .max_by_key(|e| e.metadata.resource_version.clone())
+        .max_by_key(|e| {
+            e.metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+        })
         && pods.len() < want
     {
         return Observation::Failed {
@@ -225,6 +244,43 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(observe(&done, &[], &[]), Observation::Succeeded);
+    }
+
+    #[test]
+    fn a_job_failed_by_its_pods_waits_for_the_pods_final_state() {
+        let mut failed = job(1);
+        failed.status = Some(JobStatus {
+            conditions: Some(vec![JobCondition {
+                type_: "Failed".into(),
+                status: "True".into(),
+                reason: Some("BackoffLimitExceeded".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        // The pod watch still shows it running: not yet a reason-less -1.
+        let running = pod("Running", None);
+        assert_eq!(observe(&failed, &[&running], &[]), Observation::Waiting);
+        let oom = pod(
+            "Failed",
+            Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 137,
+                    reason: Some("OOMKilled".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        );
+        assert!(matches!(
+            observe(&failed, &[&oom], &[]),
+            Observation::Failed { exit_code: 137, .. }
+        ));
+        // Pods gone: the Job's own reason.
+        assert!(matches!(
+            observe(&failed, &[], &[]),
+            Observation::Failed { exit_code: -1, .. }
+        ));
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub struct Want {
 }
 
 /// What the driver already did for one run (workload, epoch).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Track {
     /// A create was issued (or the Job was adopted).
     pub created: bool,
@@ -40,6 +40,9 @@ pub struct Track {
     pub deleting: bool,
     /// Its end was reported.
     pub ended: bool,
+    /// Its end as the Job showed it, kept until its pods are gone: the Job
+    /// is deleted meanwhile and cannot say it again.
+    pub end: Option<pb::WorkloadStatus>,
 }
 
 /// The cluster as the watchers show it, for the workloads of this agent.
@@ -123,6 +126,17 @@ fn status(
         exit_code,
         message,
     }
+}
+
+/// Whether any of the pods still runs (or waits to): their GPUs are not
+/// free yet.
+fn pods_running(pods: &[&Pod]) -> bool {
+    pods.iter().any(|p| {
+        !matches!(
+            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded") | Some("Failed")
+        )
+    })
 }
 
 /// Grace for deleting a Job nobody wants any more (an older epoch, or one
@@ -211,6 +225,13 @@ pub fn reconcile(
             continue;
         }
         let Some(job) = job else {
+            if let Some(end) = &track.end {
+                if !pods_running(pods) {
+                    track.ended = true;
+                    out.push(Action::Ended(end.clone()));
+                }
+                continue;
+            }
             if !track.created {
                 // Never two epochs at once: wait for older pods to go.
                 let older = seen.pods.keys().any(|(i, e)| *i == id && *e < want.epoch)
@@ -274,9 +295,10 @@ pub fn reconcile(
                 Some(status(run, pb::Phase::Failed, exit_code, message))
             }
         };
-        if let Some(end) = end {
+        if let Some(end) = track.end.clone().or(end) {
             // Its pods must be gone before the hub is told (their GPUs
             // free): delete the Job now, report once they went.
+            track.end = Some(end.clone());
             if !track.deleting {
                 track.deleting = true;
                 out.push(Action::Delete {
@@ -286,13 +308,7 @@ pub fn reconcile(
                     grace_s: 0,
                 });
             }
-            let running = pods.iter().any(|p| {
-                !matches!(
-                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                    Some("Succeeded") | Some("Failed")
-                )
-            });
-            if !running {
+            if !pods_running(pods) {
                 track.ended = true;
                 out.push(Action::Ended(end));
             }
@@ -395,6 +411,33 @@ mod tests {
         assert!(matches!(&a[0], Action::Delete { grace_s: 0, .. }), "{a:?}");
         assert!(
             matches!(&a[1], Action::Ended(s) if s.phase == pb::Phase::Succeeded as i32),
+            "{a:?}"
+        );
+    }
+
+    /// Regression: the Job's watch said Complete before the pod's said
+    /// Succeeded; the Job was deleted, and with it the only record of the
+    /// end, so the workload stayed Running forever.
+    #[test]
+    fn an_end_seen_on_the_job_is_kept_until_its_pods_are_gone() {
+        let wants = BTreeMap::from([(1, want(1, 1))]);
+        let mut tracks = BTreeMap::new();
+        run(&wants, &mut tracks, &[], &[]);
+        let mut done = job_of(1, 1);
+        done.status = Some(JobStatus {
+            conditions: Some(vec![JobCondition {
+                type_: "Complete".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let a = run(&wants, &mut tracks, &[done], &[pod_of(1, 1, "Running")]);
+        assert!(matches!(&a[..], [Action::Delete { .. }]), "{a:?}");
+        assert!(run(&wants, &mut tracks, &[], &[pod_of(1, 1, "Running")]).is_empty());
+        let a = run(&wants, &mut tracks, &[], &[]);
+        assert!(
+            matches!(&a[..], [Action::Ended(s)] if s.phase == pb::Phase::Succeeded as i32),
             "{a:?}"
         );
     }

@@ -151,6 +151,7 @@ pub fn parse_nvidia_smi(output: &str) -> Result<Vec<GpuSpec>, DiscoverError> {
             index,
             model: gpu_class(name),
             memory_mb,
+            fractions_only: false,
         });
     }
     Ok(gpus)
@@ -184,6 +185,7 @@ pub fn build_nodes(
                     index,
                     model: model.clone(),
                     memory_mb: memory_gb * MIB_PER_GIB,
+                    fractions_only: false,
                 })
                 .collect();
             nodes.push(NodeSpec { name, gpus });
@@ -336,12 +338,14 @@ mod tests {
                 GpuSpec {
                     index: 0,
                     model: "H100".into(),
-                    memory_mb: 81559
+                    memory_mb: 81559,
+                    fractions_only: false,
                 },
                 GpuSpec {
                     index: 1,
                     model: "H100".into(),
-                    memory_mb: 81559
+                    memory_mb: 81559,
+                    fractions_only: false,
                 },
             ]
         );

@@ -166,6 +166,7 @@ mod tests {
                     index,
                     model: "H100".into(),
                     memory_mb: 1,
+                    fractions_only: false,
                 })
                 .collect(),
         }]
