@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the suite uses, each as "command-that-proves-it:package".
-# The policy, scheduler and CLI suites need only cargo today.
-PACKAGES=()
+# kubectl renders deploy/'s kustomizations; machines that already have one
+# (with kustomize v5) keep it: Debian's package ships the same /usr/bin/kubectl.
+PACKAGES=("kubectl:kubernetes-client")
 
 missing=()
 for pair in "${PACKAGES[@]}"; do
@@ -18,6 +19,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+echo "== kubectl kustomize deploy/"
+# Render every base and overlay; tests/e2e/deploy.rs then types each object
+# and checks the spoke's RBAC against the driver's calls.
+while IFS= read -r k; do
+  dir=$(dirname "$k")
+  kubectl kustomize "$dir" >/dev/null || { echo "kustomize failed: $dir" >&2; exit 1; }
+  echo "   $dir"
+done < <(find deploy -name kustomization.yaml | sort)
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

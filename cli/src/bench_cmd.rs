@@ -84,13 +84,22 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
 }
 
 /// Hub time the workload first became Running: the first history transition
-/// into Running, else `started_at_ms`.
+/// into Running, else `started_at_ms`, else — a run so short that its
+/// spoke reported the end before it saw the start (a Kubernetes Job can
+/// complete between two observations) — the time it left Placed, when it
+/// had started at the latest.
 pub fn running_at_ms(w: &WorkloadView) -> Option<u64> {
     w.history
         .iter()
         .find(|t| t.to == "Running")
         .map(|t| t.at_ms)
         .or(w.started_at_ms)
+        .or_else(|| {
+            w.history
+                .iter()
+                .find(|t| t.from == "Placed" && TERMINAL_STATES.contains(&t.to.as_str()))
+                .map(|t| t.at_ms)
+        })
 }
 
 /// The figures of one run.
@@ -487,6 +496,30 @@ mod tests {
             })
             .collect();
         assert_eq!(keys, ["jobs_per_s", "p50_ms", "p99_ms"]);
+    }
+
+    #[test]
+    fn a_run_that_ended_before_its_start_was_seen_counts_from_its_end() {
+        let mut w = workload(1);
+        w.state = "Succeeded".into();
+        w.submitted_at_ms = 1_000;
+        w.history = vec![
+            TransitionView {
+                at_ms: 1_001,
+                from: "Pending".into(),
+                to: "Placed".into(),
+                reason: String::new(),
+            },
+            TransitionView {
+                at_ms: 1_040,
+                from: "Placed".into(),
+                to: "Succeeded".into(),
+                reason: String::new(),
+            },
+        ];
+        assert_eq!(running_at_ms(&w), Some(1_040));
+        let s = summarize(&[w], &[], Duration::from_millis(50));
+        assert_eq!(s.p50_ms, 40.0);
     }
 
     #[test]

@@ -88,6 +88,37 @@ fn deployment<'a>(b: &'a Built, name: &str) -> &'a Deployment {
         .unwrap_or_else(|| panic!("no Deployment {name}"))
 }
 
+/// Every directory under deploy/kustomize that holds a kustomization.
+fn kustomizations_on_disk(dir: &Path, base: &Path, out: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir)
+        .expect("read deploy/kustomize")
+        .flatten()
+    {
+        let p = entry.path();
+        if p.is_dir() {
+            if p.join("kustomization.yaml").exists() {
+                let rel = p.strip_prefix(base).expect("under base");
+                out.push(rel.to_string_lossy().into_owned());
+            }
+            kustomizations_on_disk(&p, base, out);
+        }
+    }
+}
+
+#[test]
+fn no_kustomization_escapes_the_checks() {
+    let base = repo().join("deploy/kustomize");
+    let mut found = Vec::new();
+    kustomizations_on_disk(&base, &base, &mut found);
+    found.sort();
+    let mut listed: Vec<String> = KUSTOMIZATIONS.iter().map(|s| s.to_string()).collect();
+    listed.sort();
+    assert_eq!(
+        found, listed,
+        "add new bases and overlays to KUSTOMIZATIONS"
+    );
+}
+
 #[test]
 fn every_kustomization_builds_into_valid_objects() {
     for dir in KUSTOMIZATIONS {
