@@ -14,3 +14,57 @@ pub mod records;
 pub mod server;
 pub mod store;
 pub mod views;
+
+#[cfg(test)]
+mod layering {
+    //! The production hub links no spoke code and no Kubernetes client:
+    //! walked from the workspace's Cargo.lock (which lists every kind of
+    //! dependency, so this is stricter than `cargo tree -e normal`).
+
+    use std::collections::{BTreeMap, BTreeSet};
+
+    fn lock_graph() -> BTreeMap<String, Vec<String>> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.lock");
+        let text = std::fs::read_to_string(path).expect("read Cargo.lock");
+        let mut graph: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut name = String::new();
+        let mut in_deps = false;
+        for line in text.lines() {
+            let line = line.trim();
+            if line == "[[package]]" {
+                in_deps = false;
+            } else if let Some(n) = line.strip_prefix("name = ") {
+                name = n.trim_matches('"').to_string();
+                graph.entry(name.clone()).or_default();
+            } else if line.starts_with("dependencies = [") {
+                in_deps = true;
+            } else if in_deps && line == "]" {
+                in_deps = false;
+            } else if in_deps {
+                // `"name"` or `"name version"` (or with a source).
+                let dep = line.trim_matches(|c| c == '"' || c == ',');
+                let dep = dep.split(' ').next().unwrap_or(dep).to_string();
+                graph.entry(name.clone()).or_default().push(dep);
+            }
+        }
+        graph
+    }
+
+    #[test]
+    fn the_hub_links_neither_the_spoke_agent_nor_kube() {
+        let graph = lock_graph();
+        assert!(graph.contains_key("axle-hub"), "Cargo.lock lists axle-hub");
+        let mut seen = BTreeSet::new();
+        let mut todo = vec!["axle-hub".to_string()];
+        while let Some(p) = todo.pop() {
+            if seen.insert(p.clone()) {
+                todo.extend(graph.get(&p).into_iter().flatten().cloned());
+            }
+        }
+        for banned in ["axle-spoke-agent", "kube", "kube-runtime", "k8s-openapi"] {
+            assert!(!seen.contains(banned), "axle-hub depends on {banned}");
+        }
+        // The walk found the hub's real dependencies.
+        assert!(seen.contains("axle-scheduler") && seen.contains("tonic"));
+    }
+}
