@@ -21,7 +21,7 @@ mod workload_cmd;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Where `axle` looks for the hub when neither `--hub` nor `$AXLE_HUB` is set.
 const DEFAULT_HUB: &str = "http://127.0.0.1:7070";
@@ -62,11 +62,40 @@ enum Command {
     /// Load generators against a running hub.
     #[command(subcommand)]
     Bench(bench_cmd::BenchCommand),
+    /// Print a shell completion script: `source <(axle completion bash)`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// `axle … | head -1`: once the reader is gone, the rest of the output has
+/// nowhere to go. Rust reports that as a panic in `println!`; Axle exits
+/// quietly instead, as Unix tools do (status 0: the reader chose to stop).
+fn exit_quietly_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
 }
 
 fn main() -> ExitCode {
+    exit_quietly_on_broken_pipe();
     let cli = Cli::parse();
     match cli.command {
+        Command::Completion { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "axle", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
         Command::Policy(cmd) => offline(policy_cmd::run(cmd)),
         Command::Simulate(args) => offline(simulate_cmd::run(args)),
         command => {
@@ -111,7 +140,7 @@ fn run_hub_command(hub: &str, command: Command) -> anyhow::Result<ExitCode> {
             Command::Cancel(a) => workload_cmd::cancel(&client, a).await,
             Command::Logs(a) => workload_cmd::logs(&client, a).await,
             Command::Bench(c) => bench_cmd::run(&client, c).await,
-            Command::Policy(_) | Command::Simulate(_) => {
+            Command::Policy(_) | Command::Simulate(_) | Command::Completion { .. } => {
                 unreachable!("offline commands are dispatched in main")
             }
         }

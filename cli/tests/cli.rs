@@ -181,3 +181,40 @@ fn simulate_reports_a_malformed_row_with_file_and_line() {
     let stderr = text(&out.stderr);
     assert!(stderr.contains("bad.csv:3"), "{stderr}");
 }
+
+#[test]
+fn a_closed_pipe_ends_the_output_quietly() {
+    // Observed: `axle … | head -1` panicked ("failed printing to stdout:
+    // Broken pipe") once the reader had gone.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_axle"))
+        .args(["policy", "schema"])
+        .current_dir(root())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run axle");
+    // The reader goes away before reading anything.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait for axle");
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("panicked"), "stderr: {stderr}");
+    assert!(
+        out.status.success(),
+        "status {:?}, stderr: {stderr}",
+        out.status
+    );
+}
+
+#[test]
+fn completion_scripts_cover_the_commands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = axle(&["completion", shell]);
+        assert!(out.status.success(), "{shell}: {}", text(&out.stderr));
+        let script = text(&out.stdout);
+        for word in ["submit", "logs", "simulate"] {
+            assert!(script.contains(word), "{shell} completion lacks {word}");
+        }
+    }
+    let out = axle(&["completion", "tcsh"]);
+    assert!(!out.status.success());
+}

@@ -147,6 +147,36 @@ async fn bad_input_is_refused_with_a_clear_error_and_stores_nothing() {
             Some("regions"),
         ),
         (
+            "a name of a million characters",
+            format!(r#"{{{valid},"gpus":1,"name":"{}"}}"#, "n".repeat(1_000_000)),
+            &["1000000 characters", "at most 253"],
+            Some("name"),
+        ),
+        (
+            "a name with control characters",
+            format!(r#"{{{valid},"gpus":1,"name":"red\u001b[31m"}}"#),
+            &["control character"],
+            Some("name"),
+        ),
+        (
+            "a NUL in an argument",
+            r#"{"team":"vision","gpus":1,"command":["sleep","6\u00000"]}"#.to_string(),
+            &["NUL"],
+            Some("command[1]"),
+        ),
+        (
+            "a NUL in an env value",
+            format!(r#"{{{valid},"gpus":1,"env":{{"TOKEN":"a\u0000b"}}}}"#),
+            &["NUL"],
+            Some("env.TOKEN"),
+        ),
+        (
+            "an env name that is no variable name",
+            format!(r#"{{{valid},"gpus":1,"env":{{"A=B":"c"}}}}"#),
+            &["not a variable name"],
+            Some("env.A=B"),
+        ),
+        (
             "production above its team's guarantee",
             format!(r#"{{{valid},"gpus":5,"priority":"production"}}"#),
             &["guarantee of 4", "never preempted", "at most 4"],
@@ -213,6 +243,40 @@ async fn bad_input_is_refused_with_a_clear_error_and_stores_nothing() {
         api.cancel(done.id).await,
         409,
         &["already finished", "Succeeded"],
+    );
+
+    // Answers from the HTTP layer itself are JSON too. Observed: 405, 413
+    // and 414 came back empty or as plain text.
+    expect_error(
+        "PUT on the workloads list",
+        api.send_raw(reqwest::Method::PUT, "/api/v1/workloads", Vec::new())
+            .await,
+        405,
+        &["PUT not allowed", "GET, POST"],
+    );
+    expect_error(
+        "a body above the limit",
+        api.send_raw(
+            reqwest::Method::POST,
+            "/api/v1/workloads",
+            vec![b' '; 2 << 20],
+        )
+        .await,
+        413,
+        &["larger than 1048576 bytes"],
+    );
+    expect_error(
+        "a URI above the limit",
+        api.get(&format!("/api/v1/workloads?team={}", "t".repeat(20_000)))
+            .await,
+        414,
+        &["at most 8192"],
+    );
+    expect_error(
+        "an unknown endpoint",
+        api.get("/nope").await,
+        404,
+        &["/api/v1"],
     );
 
     assert_eq!(

@@ -529,6 +529,21 @@ impl Api {
             .unwrap_or_else(|e| panic!("GET {path}: {e}"))
     }
 
+    /// Any method on `path` with a raw body.
+    pub async fn send_raw(&self, method: reqwest::Method, path: &str, body: Vec<u8>) -> Reply {
+        let r = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        Self::reply(r)
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
     /// POST a raw body (content type JSON).
     pub async fn post_raw(&self, path: &str, body: &str) -> Reply {
         let r = self

@@ -43,7 +43,88 @@ pub fn router(hub: Arc<Hub>) -> Router {
             ))
         })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(json_errors))
+        .layer(axum::middleware::from_fn(bounded_uri))
         .with_state(hub)
+}
+
+/// Longest request target (path and query) served: Axle's URLs are short;
+/// 8 KiB is what common proxies accept, and it bounds what a request can
+/// make the hub parse.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+async fn bounded_uri(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if len > MAX_URI_BYTES {
+        return err(HubError::status(
+            414,
+            format!("the request URI is {len} bytes long; at most {MAX_URI_BYTES} are served"),
+        ));
+    }
+    next.run(req).await
+}
+
+/// The methods each endpoint answers, for 405 messages.
+fn allowed_methods(path: &str) -> &'static str {
+    let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["", "api", "v1", "workloads"] => "GET, POST",
+        ["", "api", "v1", "workloads", _] => "GET, DELETE",
+        _ => "GET",
+    }
+}
+
+/// Every error answer is an `ApiError`: axum's own answers (405, 413, a
+/// body that cannot be read) come as plain text, and are rewritten here
+/// with a message that says what to do.
+async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let res = next.run(req).await;
+    let status = res.status();
+    let is_json = res
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return res;
+    }
+    let message = match status {
+        StatusCode::METHOD_NOT_ALLOWED => format!(
+            "method {method} not allowed on {path}; it accepts {}",
+            allowed_methods(&path)
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            format!("the request body is larger than {MAX_BODY_BYTES} bytes")
+        }
+        other => {
+            let body = axum::body::to_bytes(res.into_body(), 4096)
+                .await
+                .unwrap_or_default();
+            let text = String::from_utf8_lossy(&body).trim().to_string();
+            let reason = other.canonical_reason().unwrap_or("error");
+            let code = other.as_u16();
+            let msg = if text.is_empty() {
+                reason.to_string()
+            } else {
+                format!("{reason}: {text}")
+            };
+            return err(HubError::status(code, msg));
+        }
+    };
+    let (mut parts, _) = res.into_parts();
+    let body = serde_json::to_vec(&ApiError {
+        error: message,
+        field: None,
+    })
+    .unwrap_or_default();
+    parts.headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(body))
 }
 
 fn err(e: HubError) -> Response {

@@ -851,6 +851,9 @@ impl Inner {
         fx: &mut Effects,
         now: u64,
     ) -> Result<(u64, bool), HubError> {
+        if let Err(e) = crate::request_limits::check(&req) {
+            return Err(HubError::bad(e.message, Some(&e.field)));
+        }
         if let Some(key) = &req.idempotency_key
             && let Some(&id) = self.idem.get(&(req.team.clone(), key.clone()))
         {

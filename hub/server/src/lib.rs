@@ -11,6 +11,7 @@ pub mod isolation;
 pub mod lifecycle;
 pub mod logs;
 pub mod records;
+pub mod request_limits;
 pub mod server;
 pub mod store;
 pub mod views;
