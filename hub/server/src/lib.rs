@@ -6,6 +6,7 @@
 pub mod dev;
 pub mod grpc;
 pub mod http;
+pub mod http_serve;
 pub mod hub;
 pub mod isolation;
 pub mod lifecycle;

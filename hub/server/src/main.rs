@@ -35,6 +35,18 @@ struct Args {
     /// dev stack with spokes, run `axle-dev`.
     #[arg(long)]
     dev: bool,
+    /// Most open HTTP connections; beyond it the oldest idle one is closed.
+    #[arg(long, default_value_t = axle_hub::http_serve::DEFAULT_MAX_CONNECTIONS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    http_max_connections: u64,
+    /// Seconds an HTTP connection may stay open with no request in flight.
+    #[arg(long, default_value_t = axle_hub::http_serve::DEFAULT_IDLE_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    http_idle_timeout_s: u64,
+    /// Seconds a client has to send a whole request header.
+    #[arg(long, default_value_t = axle_hub::http_serve::DEFAULT_HEADER_READ_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    http_header_timeout_s: u64,
 }
 
 fn main() -> ExitCode {
@@ -92,7 +104,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         (None, true) => dev::temp_data_dir()?,
         (None, false) => anyhow::bail!("--data-dir DIR is required (or --dev for a temporary one)"),
     };
-    let listeners = server::Listeners::bind(args.http, args.grpc).await?;
+    let mut listeners = server::Listeners::bind(args.http, args.grpc).await?;
+    listeners.http_limits = axle_hub::http_serve::HttpLimits {
+        max_connections: args.http_max_connections as usize,
+        idle_timeout: std::time::Duration::from_secs(args.http_idle_timeout_s),
+        header_read_timeout: std::time::Duration::from_secs(args.http_header_timeout_s),
+    };
     // SIGINT (Ctrl-C) or SIGTERM (systemd, kill) stop the hub gracefully.
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot handle SIGTERM")?;

@@ -13,12 +13,22 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tracing::info;
 
 use crate::grpc::{SpokeSvc, UserSvc};
+use crate::http_serve::HttpLimits;
 use crate::hub::{Hub, HubConfig};
 use crate::store::RedbStore;
+
+/// Most concurrent gRPC streams on one connection: a spoke needs one, a
+/// user client a few; this bounds what one peer can make the hub hold.
+pub const GRPC_MAX_STREAMS_PER_CONNECTION: u32 = 64;
+/// Largest gRPC message accepted: a spoke's inventory of a big cluster or
+/// a log chunk fits many times over (tonic's own default is 4 MiB).
+pub const GRPC_MAX_MESSAGE_BYTES: usize = 4 << 20;
 
 pub struct Listeners {
     pub http: TcpListener,
     pub grpc: TcpListener,
+    /// Limits on the HTTP API's connections.
+    pub http_limits: HttpLimits,
 }
 
 impl Listeners {
@@ -30,6 +40,7 @@ impl Listeners {
             grpc: TcpListener::bind(grpc)
                 .await
                 .with_context(|| format!("cannot listen for gRPC on {grpc}"))?,
+            http_limits: HttpLimits::default(),
         })
     }
 }
@@ -68,18 +79,21 @@ pub async fn run(
     let mut grpc_stop = stop_rx;
 
     let app = crate::http::router(hub.clone());
-    let http = axum::serve(listeners.http, app).with_graceful_shutdown(async move {
+    let http = crate::http_serve::serve(listeners.http, app, listeners.http_limits, async move {
         let _ = http_stop.wait_for(|s| *s).await;
     });
     let grpc = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
-        .add_service(pb::spoke_service_server::SpokeServiceServer::new(
-            SpokeSvc::new(hub.clone()),
-        ))
-        .add_service(pb::user_service_server::UserServiceServer::new(
-            UserSvc::new(hub),
-        ))
+        .max_concurrent_streams(Some(GRPC_MAX_STREAMS_PER_CONNECTION))
+        .add_service(
+            pb::spoke_service_server::SpokeServiceServer::new(SpokeSvc::new(hub.clone()))
+                .max_decoding_message_size(GRPC_MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            pb::user_service_server::UserServiceServer::new(UserSvc::new(hub))
+                .max_decoding_message_size(GRPC_MAX_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), async move {
             let _ = grpc_stop.wait_for(|s| *s).await;
         });
