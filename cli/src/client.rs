@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use axle_proto::api::{
-    ApiError, ClusterView, EventView, LogsView, SubmitRequest, TeamView, WorkloadView,
+    ApiError, ClusterView, EventView, LogsView, SubmitRequest, TeamView, WorkloadList, WorkloadView,
 };
 use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
@@ -21,6 +21,13 @@ const SUBMIT_RETRIES: u32 = 3;
 /// First backoff before a submit retry, doubled each time (250+500+1000 ms):
 /// long enough to ride out a hub restart's listen gap, short for a human.
 const SUBMIT_RETRY_BACKOFF: Duration = Duration::from_millis(250);
+
+/// Items the CLI asks for per page: the hub's most, so a long list takes
+/// few round trips.
+const PAGE_ITEMS: usize = 5_000;
+/// Most workloads one listing gathers across pages: a table or a JSON
+/// answer beyond this is no use to a person and would only hold memory.
+const MAX_LISTED_WORKLOADS: usize = 1_000_000;
 
 /// Why a hub call failed; [`ClientError::exit_code`] maps it to the CLI's
 /// documented exit codes.
@@ -241,7 +248,30 @@ impl Client {
         if let Some(c) = &f.cluster {
             query.push(("cluster", c.clone()));
         }
-        self.get("api/v1/workloads", &query).await
+        query.push(("limit", PAGE_ITEMS.to_string()));
+        // Page through: the hub answers at most a page at a time.
+        let mut all = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut q = query.clone();
+            if let Some(t) = &token {
+                q.push(("continue", t.clone()));
+            }
+            let page: WorkloadList = self.get("api/v1/workloads", &q).await?;
+            all.extend(page.items);
+            if all.len() > MAX_LISTED_WORKLOADS {
+                return Err(ClientError::Protocol {
+                    what: "GET /api/v1/workloads".into(),
+                    reason: format!(
+                        "more than {MAX_LISTED_WORKLOADS} workloads match; narrow the filter (--team, --state, --cluster)"
+                    ),
+                });
+            }
+            match page.continue_token {
+                Some(t) if Some(&t) != token.as_ref() => token = Some(t),
+                _ => return Ok(all),
+            }
+        }
     }
 
     /// `GET /api/v1/workloads/{id}`.

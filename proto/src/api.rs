@@ -56,6 +56,16 @@ pub struct SubmitRequest {
     pub image: Option<String>,
 }
 
+/// A page of `GET /api/v1/workloads`: the items in id order, and the
+/// token for the next page when there are more (pass it back as
+/// `continue`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadList {
+    pub items: Vec<WorkloadView>,
+    #[serde(rename = "continue", default, skip_serializing_if = "Option::is_none")]
+    pub continue_token: Option<String>,
+}
+
 /// Workload lifecycle states as the API names them.
 pub const STATES: &[&str] = &[
     "Pending",

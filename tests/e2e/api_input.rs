@@ -329,3 +329,67 @@ async fn a_repeated_submit_with_the_same_idempotency_key_returns_the_first_workl
     assert_eq!(b4["id"], b1["id"]);
     assert_eq!(count(&api).await, 2);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lists_are_paged_in_id_order_with_filters() {
+    // Observed: GET /api/v1/workloads returned everything at once (13 MB at
+    // 20,000 workloads).
+    let env = start().await;
+    let api = env.api();
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        let mut r = request("vision", 0.25, sh("exit 0"));
+        r.name = Some(format!("page-{i}"));
+        if i % 2 == 0 {
+            r.priority = Some("batch".into());
+        }
+        ids.push(api.submit_ok(&r).await.id);
+    }
+    let mut other = request("vision", 0.25, sh("exit 0"));
+    other.name = Some("elsewhere".into());
+    api.submit_ok(&other).await;
+
+    let page = |q: String| {
+        let api = api.clone();
+        async move {
+            let (status, body) = api.list(&q).await;
+            assert_eq!(status, 200, "{q}: {body}");
+            serde_json::from_value::<axle_proto::api::WorkloadList>(body).expect("a WorkloadList")
+        }
+    };
+    let mut seen = Vec::new();
+    let mut q = "name_prefix=page-&limit=3".to_string();
+    let mut sizes = Vec::new();
+    loop {
+        let p = page(q.clone()).await;
+        sizes.push(p.items.len());
+        seen.extend(p.items.iter().map(|w| w.id));
+        match p.continue_token {
+            Some(t) => q = format!("name_prefix=page-&limit=3&continue={t}"),
+            None => break,
+        }
+    }
+    assert_eq!(sizes, [3, 3, 1]);
+    assert_eq!(
+        seen, ids,
+        "every page in id order, nothing twice or missing"
+    );
+
+    let batch = page("name_prefix=page-&priority=batch".into()).await;
+    assert_eq!(batch.items.len(), 4);
+    assert!(batch.continue_token.is_none());
+    assert!(batch.items.iter().all(|w| w.priority == "batch"));
+
+    // Without a limit the hub's default page; an absurd limit is capped.
+    let all = page("limit=1000000".into()).await;
+    assert_eq!(all.items.len(), 8);
+
+    expect_error("limit 0", api.list("limit=0").await, 400, &["limit"]);
+    let e = expect_error(
+        "a forged continue token",
+        api.list("continue=hello").await,
+        400,
+        &["not one this hub gave out"],
+    );
+    assert_eq!(e.field.as_deref(), Some("continue"));
+}

@@ -596,12 +596,22 @@ impl Api {
         }
     }
 
-    /// All workloads; Err when the hub cannot be reached or refuses.
+    /// All workloads, page by page; Err when the hub cannot be reached or
+    /// refuses.
     pub async fn try_workloads(&self) -> Result<Vec<WorkloadView>, String> {
-        match self.try_get("/api/v1/workloads").await {
-            Ok((200, body)) => serde_json::from_value(body).map_err(|e| e.to_string()),
-            Ok((status, body)) => Err(format!("{status} {body}")),
-            Err(e) => Err(e.to_string()),
+        let mut all = Vec::new();
+        let mut path = "/api/v1/workloads?limit=5000".to_string();
+        loop {
+            let page: axle_proto::api::WorkloadList = match self.try_get(&path).await {
+                Ok((200, body)) => serde_json::from_value(body).map_err(|e| e.to_string())?,
+                Ok((status, body)) => return Err(format!("{status} {body}")),
+                Err(e) => return Err(e.to_string()),
+            };
+            all.extend(page.items);
+            match page.continue_token {
+                Some(t) => path = format!("/api/v1/workloads?limit=5000&continue={t}"),
+                None => return Ok(all),
+            }
         }
     }
 

@@ -179,10 +179,19 @@ impl pb::user_service_server::UserService for UserSvc {
     ) -> Result<Response<pb::ListWorkloadsResponse>, Status> {
         let r = req.into_inner();
         let opt = |s: String| if s.is_empty() { None } else { Some(s) };
-        let list = crate::http::list(&self.hub, opt(r.team), opt(r.state), opt(r.cluster))
-            .map_err(status_of)?;
+        let params = crate::http::ListParams {
+            team: opt(r.team),
+            state: opt(r.state),
+            cluster: opt(r.cluster),
+            priority: opt(r.priority),
+            name_prefix: opt(r.name_prefix),
+            limit: (r.limit > 0).then_some(r.limit as usize),
+            continue_token: opt(r.continue_token),
+        };
+        let (list, next) = crate::http::list(&self.hub, params).map_err(status_of)?;
         Ok(Response::new(pb::ListWorkloadsResponse {
             workloads: list.iter().map(views::workload_pb).collect(),
+            continue_token: next.unwrap_or_default(),
         }))
     }
 

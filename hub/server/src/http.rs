@@ -179,23 +179,58 @@ async fn submit(State(hub): State<Arc<Hub>>, body: Bytes) -> Response {
     }
 }
 
-#[derive(Deserialize)]
+/// Items per page of `GET /api/v1/workloads` when the client names no
+/// `limit`: a screenful many times over, a few hundred KB of JSON.
+pub const DEFAULT_PAGE_ITEMS: usize = 500;
+/// Most items per page: bounds the time a page holds the hub's read lock
+/// and the memory of one answer, whatever the client asks.
+pub const MAX_PAGE_ITEMS: usize = 5_000;
+
+/// Filters and paging of a workload list.
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ListQuery {
-    team: Option<String>,
-    state: Option<String>,
-    cluster: Option<String>,
+pub struct ListParams {
+    pub team: Option<String>,
+    pub state: Option<String>,
+    pub cluster: Option<String>,
+    pub priority: Option<String>,
+    /// Names that start with this.
+    pub name_prefix: Option<String>,
+    /// Items per page (default `DEFAULT_PAGE_ITEMS`, at most
+    /// `MAX_PAGE_ITEMS`).
+    pub limit: Option<usize>,
+    /// The `continue` token of the previous page.
+    #[serde(rename = "continue")]
+    pub continue_token: Option<String>,
 }
 
-/// Workloads matching the filters, sorted by id.
+/// The opaque token for the page after workload `last_id`.
+fn continue_token(last_id: u64) -> String {
+    format!("w1.{last_id:x}")
+}
+
+fn parse_continue(token: &str) -> Result<u64, HubError> {
+    token
+        .strip_prefix("w1.")
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .ok_or_else(|| {
+            HubError::bad(
+                format!(
+                    "continue token {token:?} is not one this hub gave out; pass the `continue` of the previous page unchanged"
+                ),
+                Some("continue"),
+            )
+        })
+}
+
+/// One page of the workloads matching `p`, in id order, and the token of
+/// the next page when there are more.
 pub fn list(
     hub: &Hub,
-    team: Option<String>,
-    state: Option<String>,
-    cluster: Option<String>,
-) -> Result<Vec<api::WorkloadView>, HubError> {
-    let state = match state {
-        Some(s) => Some(WState::parse(&s).ok_or_else(|| {
+    p: ListParams,
+) -> Result<(Vec<api::WorkloadView>, Option<String>), HubError> {
+    let state = match &p.state {
+        Some(s) => Some(WState::parse(s).ok_or_else(|| {
             HubError::bad(
                 format!("unknown state {s:?}; use one of {}", api::STATES.join(", ")),
                 Some("state"),
@@ -203,8 +238,22 @@ pub fn list(
         })?),
         None => None,
     };
+    let limit = match p.limit {
+        None => DEFAULT_PAGE_ITEMS,
+        Some(0) => {
+            return Err(HubError::bad(
+                format!("limit must be between 1 and {MAX_PAGE_ITEMS}"),
+                Some("limit"),
+            ));
+        }
+        Some(n) => n.min(MAX_PAGE_ITEMS),
+    };
+    let after = match &p.continue_token {
+        Some(t) if !t.is_empty() => Some(parse_continue(t)?),
+        _ => None,
+    };
     let inner = hub.lock();
-    if let Some(t) = &team
+    if let Some(t) = &p.team
         && !inner.policy.teams.contains_key(t)
     {
         return Err(HubError::bad(
@@ -221,35 +270,57 @@ pub fn list(
             Some("team"),
         ));
     }
-    Ok(inner
-        .workloads
-        .values()
-        .filter(|w| team.as_ref().is_none_or(|t| &w.team == t))
-        .filter(|w| state.is_none_or(|s| w.state == s))
-        .filter(|w| {
-            cluster
+    let range = match after {
+        Some(id) => inner.workloads.range(id.saturating_add(1)..),
+        None => inner.workloads.range(..),
+    };
+    let mut items = Vec::new();
+    let mut next = None;
+    for w in range.map(|(_, w)| w).filter(|w| {
+        p.team.as_ref().is_none_or(|t| &w.team == t)
+            && state.is_none_or(|s| w.state == s)
+            && p.priority.as_ref().is_none_or(|c| &w.priority == c)
+            && p.name_prefix
+                .as_ref()
+                .is_none_or(|n| w.name.starts_with(n.as_str()))
+            && p.cluster
                 .as_ref()
                 .is_none_or(|c| w.placement.as_ref().is_some_and(|p| &p.cluster == c))
-        })
-        .map(|w| views::workload(w, inner.reasons.get(&w.id)))
-        .collect())
+    }) {
+        if items.len() == limit {
+            next = items
+                .last()
+                .map(|v: &api::WorkloadView| continue_token(v.id));
+            break;
+        }
+        items.push(views::workload(w, inner.reasons.get(&w.id)));
+    }
+    Ok((items, next))
 }
 
 async fn list_workloads(
     State(hub): State<Arc<Hub>>,
-    q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    q: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let q = match q {
         Ok(Query(q)) => q,
         Err(e) => {
             return err(HubError::bad(
-                format!("bad query: {e}; filters are team, state, cluster"),
+                format!(
+                    "bad query: {e}; filters are team, state, cluster, priority, name_prefix; paging: limit, continue"
+                ),
                 None,
             ));
         }
     };
-    match list(&hub, q.team, q.state, q.cluster) {
-        Ok(v) => json(StatusCode::OK, &v),
+    match list(&hub, q) {
+        Ok((items, continue_token)) => json(
+            StatusCode::OK,
+            &api::WorkloadList {
+                items,
+                continue_token,
+            },
+        ),
         Err(e) => err(e),
     }
 }
