@@ -212,13 +212,44 @@ impl Effects {
     }
 }
 
+/// The hub's own tasks. Neither ends while the hub runs: [`HubTasks::failed`]
+/// resolves when one does (a panic), with why, so the process can exit
+/// instead of answering 503 forever.
+pub struct HubTasks {
+    applier: tokio::task::JoinHandle<()>,
+    ticker: tokio::task::JoinHandle<()>,
+}
+
+impl HubTasks {
+    /// Waits until a task ends; the message names it and says why.
+    pub async fn failed(&mut self) -> String {
+        let (name, r) = tokio::select! {
+            r = &mut self.applier => ("applier", r),
+            r = &mut self.ticker => ("ticker", r),
+        };
+        match r {
+            Ok(()) => format!("the hub's {name} task stopped"),
+            Err(e) if e.is_panic() => {
+                let p = e.into_panic();
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "a panic".into());
+                format!("the hub's {name} task panicked: {msg}")
+            }
+            Err(e) => format!("the hub's {name} task was cancelled: {e}"),
+        }
+    }
+}
+
 impl Hub {
     /// Loads the hub's state from the store and starts the applier task.
     pub async fn start(
         store: Arc<dyn Store>,
         policy: Policy,
         config: HubConfig,
-    ) -> anyhow::Result<Arc<Hub>> {
+    ) -> anyhow::Result<(Arc<Hub>, HubTasks)> {
         let now = now_ms();
         let policy = Arc::new(policy);
         let mut workloads = BTreeMap::new();
@@ -309,18 +340,19 @@ impl Hub {
             hub.commit(fx).await;
         }
         let h = hub.clone();
-        tokio::spawn(async move { h.applier(rx).await });
-        let h = hub.clone();
-        tokio::spawn(async move {
+        let applier = tokio::spawn(async move { h.applier(rx).await });
+        // The ticker holds only a sender, so it never keeps the hub alive.
+        let tick_tx = hub.tx.clone();
+        let ticker = tokio::spawn(async move {
             let mut t = tokio::time::interval(Duration::from_millis(TICK_MS));
             loop {
                 t.tick().await;
-                if h.tx.send(Command::Tick).await.is_err() {
+                if tick_tx.send(Command::Tick).await.is_err() {
                     break;
                 }
             }
         });
-        Ok(hub)
+        Ok((hub, HubTasks { applier, ticker }))
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -1908,4 +1940,34 @@ fn describe_placement(cluster: &str, replicas: &[ReplicaRecord]) -> String {
         })
         .collect();
     format!("{cluster} ({})", parts.join("; "))
+}
+
+#[cfg(test)]
+mod supervision_tests {
+    use super::HubTasks;
+
+    #[tokio::test]
+    async fn a_panicked_applier_is_reported_by_name_and_cause() {
+        // Observed: a dead applier left a hub that answered 503 forever.
+        let mut tasks = HubTasks {
+            applier: tokio::spawn(async { panic!("store invariant broken") }),
+            ticker: tokio::spawn(std::future::pending()),
+        };
+        let why = tokio::time::timeout(std::time::Duration::from_secs(1), tasks.failed())
+            .await
+            .expect("reported within a second");
+        assert_eq!(
+            why,
+            "the hub's applier task panicked: store invariant broken"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_ticker_that_stops_is_reported() {
+        let mut tasks = HubTasks {
+            applier: tokio::spawn(std::future::pending()),
+            ticker: tokio::spawn(async {}),
+        };
+        assert_eq!(tasks.failed().await, "the hub's ticker task stopped");
+    }
 }

@@ -57,7 +57,7 @@ pub async fn run(
         .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
     let store = RedbStore::open(&data_dir.join("axle.redb"))
         .with_context(|| format!("cannot open the store in {}", data_dir.display()))?;
-    let hub = Hub::start(
+    let (hub, mut tasks) = Hub::start(
         store,
         policy,
         HubConfig {
@@ -97,10 +97,12 @@ pub async fn run(
         .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), async move {
             let _ = grpc_stop.wait_for(|s| *s).await;
         });
-    // Either server failing ends the hub: it must not limp on half-served.
+    // Either server or a hub task failing ends the hub: it must not limp
+    // on half-served (the caller exits non-zero).
     tokio::select! {
         r = http => r.context("HTTP server failed")?,
         r = grpc => r.context("gRPC server failed")?,
+        why = tasks.failed() => anyhow::bail!("{why}"),
     }
     Ok(())
 }
