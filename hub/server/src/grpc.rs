@@ -104,7 +104,9 @@ async fn read_session(
                         status,
                     },
                     Some(Msg::Log(chunk)) => {
-                        if let Err(e) = logs::write_chunk(&log_dir, &chunk).await {
+                        if let Err(e) =
+                            logs::write_chunk(&log_dir, hub.config.log_limits, &chunk).await
+                        {
                             warn!("cannot store log of workload {}: {e}", chunk.workload_id);
                         }
                         continue;

@@ -377,7 +377,15 @@ async fn get_logs(
         Some(w) => (w.epoch, w.state.is_terminal()),
         None => return err(HubError::status(404, format!("workload {id} not found"))),
     };
-    match logs::read(&logs::dir(&hub.config.data_dir), id, epoch, q.offset).await {
+    match logs::read(
+        &logs::dir(&hub.config.data_dir),
+        hub.config.log_limits,
+        id,
+        epoch,
+        q.offset,
+    )
+    .await
+    {
         Ok((data, next)) => {
             let complete = done && next == q.offset;
             json(

@@ -134,6 +134,8 @@ pub struct HubConfig {
     pub data_dir: PathBuf,
     /// Shared secret spokes must present; `None` accepts any (dev mode).
     pub spoke_token: Option<String>,
+    /// How much of each run's log the hub keeps.
+    pub log_limits: crate::logs::LogLimits,
 }
 
 /// A cluster the hub knows: declared in policy, registered by a spoke, or both.

@@ -63,6 +63,7 @@ pub async fn run(
         HubConfig {
             data_dir,
             spoke_token,
+            log_limits: crate::logs::LogLimits::default(),
         },
     )
     .await?;
