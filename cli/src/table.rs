@@ -47,8 +47,28 @@ pub struct Row {
     pub cells: Vec<String>,
 }
 
+/// `s` as a terminal shows it safely: control characters (escape
+/// sequences, newlines, NUL) written as `\u{1b}`, `\n`, … so a name or a
+/// reason can neither break the table nor drive the terminal.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.chars().any(char::is_control) {
+        s.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect::<String>()
+            .into()
+    } else {
+        s.into()
+    }
+}
+
 fn width(s: &str) -> usize {
-    s.chars().count()
+    printable(s).chars().count()
 }
 
 /// Column widths: the widest cell (or header) of each column.
@@ -76,7 +96,7 @@ pub fn render_line<S: AsRef<str>>(cells: &[S], widths: &[usize]) -> String {
     let last = cells.len().saturating_sub(1);
     for (i, c) in cells.iter().enumerate() {
         let c = c.as_ref();
-        out.push_str(c);
+        out.push_str(&printable(c));
         if i < last {
             let w = widths.get(i).copied().unwrap_or(0);
             let pad = w.saturating_sub(width(c)) + COLUMN_GAP;
@@ -435,6 +455,28 @@ pub(crate) mod tests {
             }
         }
         assert!(out.lines().all(|l| !l.ends_with(' ')));
+    }
+
+    #[test]
+    fn control_characters_are_shown_escaped_and_keep_the_columns() {
+        let rows = vec![
+            Row {
+                key: "1".into(),
+                cells: vec!["1".into(), "red\u{1b}[31m\nnext".into(), "#a".into()],
+            },
+            Row {
+                key: "2".into(),
+                cells: vec!["2".into(), "plain".into(), "#b".into()],
+            },
+        ];
+        let out = render(&["ID", "NAME", "#Z"], &rows);
+        assert!(!out.contains('\u{1b}'), "{out}");
+        assert_eq!(out.lines().count(), 3, "{out}");
+        assert!(out.contains("red\\u{1b}[31m\\nnext"), "{out}");
+        let col = |l: &str| l.chars().position(|c| c == '#').unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(col(lines[0]), col(lines[1]));
+        assert_eq!(col(lines[1]), col(lines[2]));
     }
 
     #[test]
