@@ -790,8 +790,13 @@ impl Inner {
                 tx,
                 reply,
             } => {
+                // Answered after the batch's commit, like every other
+                // command: the session opens only once its registration
+                // is durable.
                 let res = self.register(cfg, register, conn, tx, fx, now);
-                let _ = reply.send(res);
+                fx.after.push(Box::new(move || {
+                    let _ = reply.send(res);
+                }));
             }
             Command::Heartbeat {
                 cluster,
