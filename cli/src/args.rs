@@ -123,6 +123,8 @@ pub enum ListFormat {
     Table,
     Json,
     Yaml,
+    /// One `kind/name` per line (`workload/12`), for scripts.
+    Name,
 }
 
 /// `-o` for one object (the default is a human sentence).

@@ -40,6 +40,9 @@ pub struct GetArgs {
     /// Keep polling every second and print rows that change, until Ctrl-C.
     #[arg(short = 'w', long)]
     watch: bool,
+    /// Tables without their header line.
+    #[arg(long)]
+    no_headers: bool,
     /// Only this team (workloads, teams).
     #[arg(long)]
     team: Option<String>,
@@ -93,6 +96,15 @@ impl Snapshot {
             Snapshot::Workloads(ws) => table::workloads_table(ws, now_ms),
             Snapshot::Clusters(cs) => table::clusters_table(cs, now_ms),
             Snapshot::Teams(ts) => table::teams_table(ts),
+        }
+    }
+
+    /// `kind/name` of each object, as `-o name` prints them.
+    fn names(&self) -> Vec<String> {
+        match self {
+            Snapshot::Workloads(ws) => ws.iter().map(|w| format!("workload/{}", w.id)).collect(),
+            Snapshot::Clusters(cs) => cs.iter().map(|c| format!("cluster/{}", c.name)).collect(),
+            Snapshot::Teams(ts) => ts.iter().map(|t| format!("team/{}", t.name)).collect(),
         }
     }
 
@@ -187,7 +199,7 @@ async fn fetch(client: &Client, a: &GetArgs, state: &Option<String>) -> anyhow::
 
 fn structured(format: ListFormat) -> Option<ObjectFormat> {
     match format {
-        ListFormat::Table => None,
+        ListFormat::Table | ListFormat::Name => None,
         ListFormat::Json => Some(ObjectFormat::Json),
         ListFormat::Yaml => Some(ObjectFormat::Yaml),
     }
@@ -195,11 +207,26 @@ fn structured(format: ListFormat) -> Option<ObjectFormat> {
 
 pub async fn run(client: &Client, a: GetArgs) -> anyhow::Result<ExitCode> {
     let state = check_filters(&a)?;
+    if a.watch && a.output == ListFormat::Name {
+        return Err(UsageError("-o name lists once; drop -w or use -o json".into()).into());
+    }
     let snap = fetch(client, &a, &state).await?;
     if !a.watch {
         match structured(a.output) {
             Some(format) => print!("{}", snap.to_text(format)?),
+            None if a.output == ListFormat::Name => {
+                for n in snap.names() {
+                    println!("{n}");
+                }
+            }
             None if snap.len() == 0 => eprintln!("no {} found", resource_name(a.resource)),
+            None if a.no_headers => {
+                let rows = snap.rows(now_ms());
+                let w = table::widths(snap.headers(), &rows);
+                for r in &rows {
+                    println!("{}", table::render_line(&r.cells, &w));
+                }
+            }
             None => print!("{}", snap.table(now_ms())),
         }
         return Ok(ExitCode::SUCCESS);
@@ -256,7 +283,9 @@ async fn watch_table(
         if !changed.is_empty() {
             let w = widths.get_or_insert_with(|| {
                 let w = table::widths(headers, &changed);
-                println!("{}", table::render_line(headers, &w));
+                if !a.no_headers {
+                    println!("{}", table::render_line(headers, &w));
+                }
                 w
             });
             for row in changed {

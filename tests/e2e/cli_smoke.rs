@@ -72,6 +72,21 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
         "{list:#?}"
     );
 
+    // -o name and --no-headers, for scripts.
+    let out = axle_cli(&hub, &["get", "workloads", "-o", "name"]).await;
+    ok("get -o name", &out);
+    assert!(
+        out.stdout.lines().any(|l| l == format!("workload/{id}")),
+        "{out:#?}"
+    );
+    let out = axle_cli(&hub, &["get", "workloads", "--no-headers"]).await;
+    ok("get --no-headers", &out);
+    assert!(!out.stdout.contains("STATE"), "{out:#?}");
+    assert!(
+        out.stdout.lines().any(|l| l.starts_with(&id.to_string())),
+        "{out:#?}"
+    );
+
     // describe workload
     let out = axle_cli(&hub, &["describe", "workload", &id.to_string()]).await;
     ok("describe", &out);
