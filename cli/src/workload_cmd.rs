@@ -112,9 +112,34 @@ pub struct CancelArgs {
 pub struct LogsArgs {
     #[arg(value_parser = parse_workload_id)]
     id: u64,
-    /// Keep printing new output until the workload finishes.
+    /// Keep printing new output until the workload finishes; then exit
+    /// with its outcome (0 if it succeeded, 1 if not).
     #[arg(short = 'f', long)]
     follow: bool,
+    /// Only the last N lines of the output so far (then follow, with -f).
+    #[arg(long, value_name = "N")]
+    tail: Option<usize>,
+}
+
+/// The last `n` lines of `text` (a trailing newline ends the last line).
+pub fn last_lines(text: &str, n: usize) -> &str {
+    if n == 0 {
+        return "";
+    }
+    let body = text.strip_suffix('\n').unwrap_or(text);
+    match body.rmatch_indices('\n').nth(n - 1) {
+        Some((i, _)) => &text[i + 1..],
+        None => text,
+    }
+}
+
+fn write_out(data: &str) -> std::io::Result<bool> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(data.as_bytes()).and_then(|()| out.flush()) {
+        // `axle logs 3 | head`: the reader left; that is not a failure.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        other => other.map(|()| true),
+    }
 }
 
 pub fn now_ms() -> u64 {
@@ -267,19 +292,18 @@ pub async fn cancel(client: &Client, a: CancelArgs) -> anyhow::Result<ExitCode> 
 
 pub async fn logs(client: &Client, a: LogsArgs) -> anyhow::Result<ExitCode> {
     let mut offset = 0;
+    // With --tail, what exists now is gathered first and only its end shown.
+    let mut held: Option<String> = a.tail.map(|_| String::new());
     loop {
         let chunk = client.logs(a.id, offset).await?;
         if !chunk.data.is_empty() {
-            let mut out = std::io::stdout().lock();
-            let written = out
-                .write_all(chunk.data.as_bytes())
-                .and_then(|()| out.flush());
-            match written {
-                // `axle logs 3 | head`: the reader left; that is not a failure.
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-                    return Ok(ExitCode::SUCCESS);
+            match &mut held {
+                Some(buf) => buf.push_str(&chunk.data),
+                None => {
+                    if !write_out(&chunk.data)? {
+                        return Ok(ExitCode::SUCCESS);
+                    }
                 }
-                other => other?,
             }
         }
         let advanced = chunk.next_offset > offset;
@@ -288,8 +312,22 @@ pub async fn logs(client: &Client, a: LogsArgs) -> anyhow::Result<ExitCode> {
             // More may already be there: read on without waiting.
             continue;
         }
-        if !a.follow || chunk.complete {
+        if let (Some(buf), Some(n)) = (held.take(), a.tail)
+            && !write_out(last_lines(&buf, n))?
+        {
             return Ok(ExitCode::SUCCESS);
+        }
+        if !a.follow {
+            return Ok(ExitCode::SUCCESS);
+        }
+        if chunk.complete {
+            let w = client.workload(a.id).await?;
+            return Ok(if w.state == "Succeeded" {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("workload {} ended {}", a.id, w.state);
+                ExitCode::from(crate::exit::REFUSED_OR_FAILED)
+            });
         }
         tokio::time::sleep(POLL_PERIOD).await;
     }
@@ -299,6 +337,15 @@ pub async fn logs(client: &Client, a: LogsArgs) -> anyhow::Result<ExitCode> {
 mod tests {
     use super::*;
     use crate::table::tests::{running_workload, workload};
+
+    #[test]
+    fn last_lines_of_a_log() {
+        assert_eq!(last_lines("a\nb\nc\n", 2), "b\nc\n");
+        assert_eq!(last_lines("a\nb\nc", 2), "b\nc");
+        assert_eq!(last_lines("a\nb\n", 5), "a\nb\n");
+        assert_eq!(last_lines("a\nb\n", 0), "");
+        assert_eq!(last_lines("", 3), "");
+    }
 
     #[test]
     fn submit_sentences() {

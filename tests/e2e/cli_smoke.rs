@@ -113,6 +113,36 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
         out.stdout
     );
 
+    // --tail, and -f ending with the workload's outcome.
+    let out = axle_cli(
+        &hub,
+        &[
+            "submit",
+            "--team",
+            "vision",
+            "--gpus",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "printf 'one\\ntwo\\nthree\\n'; exit 3",
+        ],
+    )
+    .await;
+    ok("submit a failing workload", &out);
+    let failing: u64 = out
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no id in {:?}", out.stdout));
+    let out = axle_cli(&hub, &["logs", "-f", "--tail", "2", &failing.to_string()]).await;
+    assert_eq!(out.code, 1, "logs -f of a failed workload: {out:#?}");
+    assert_eq!(out.stdout, "two\nthree\n", "{out:#?}");
+    assert!(out.stderr.contains("Failed"), "{out:#?}");
+    let out = axle_cli(&hub, &["logs", "-f", &id.to_string()]).await;
+    assert_eq!(out.code, 0, "logs -f of a succeeded workload: {out:#?}");
+
     // cancel a running sleep
     let out = axle_cli(
         &hub,
