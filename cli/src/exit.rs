@@ -39,6 +39,22 @@ The hub URL comes from --hub or $AXLE_HUB (default http://127.0.0.1:7070).";
 pub const UNREACHABLE_HINT: &str =
     "is the hub running? start the dev stack with: cargo run --release --bin axle-dev";
 
+/// The hint, naming the built `axle-dev` beside this binary when there is
+/// one.
+pub fn unreachable_hint() -> String {
+    match std::env::current_exe()
+        .ok()
+        .map(|p| p.with_file_name("axle-dev"))
+        .filter(|p| p.is_file())
+    {
+        Some(dev) => format!(
+            "is the hub running? start the dev stack with: {}",
+            dev.display()
+        ),
+        None => UNREACHABLE_HINT.to_string(),
+    }
+}
+
 /// A value the user gave is wrong in a way clap could not see (exit 2).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -55,7 +71,7 @@ pub fn classify(err: &anyhow::Error) -> (u8, Vec<String>) {
     if let Some(ce) = err.downcast_ref::<ClientError>() {
         let mut lines = vec![format!("error: {ce}")];
         if matches!(ce, ClientError::Unreachable { .. }) {
-            lines.push(format!("hint: {UNREACHABLE_HINT}"));
+            lines.push(format!("hint: {}", unreachable_hint()));
         }
         return (ce.exit_code(), lines);
     }
@@ -118,7 +134,8 @@ mod tests {
         });
         let (code, lines) = classify(&down);
         assert_eq!(code, HUB_UNAVAILABLE);
-        assert_eq!(lines[1], format!("hint: {UNREACHABLE_HINT}"));
+        assert_eq!(lines[1], format!("hint: {}", unreachable_hint()));
+        assert!(lines[1].starts_with("hint: is the hub running? start the dev stack with: "));
         let server = anyhow::Error::new(ClientError::Server {
             status: 500,
             body: ApiError {

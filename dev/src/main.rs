@@ -103,15 +103,16 @@ async fn run(
             }
         }));
     }
+    let axle = axle_command();
     println!(
         "\nAxle hub (dev) is up: HTTP http://{http}  gRPC {grpc}  data {}\n\
          spokes: eu-1 (2 nodes × 8 H100, {}), us-1 (1 node × 4 A100, {})\n\
          teams: {}\n\n\
          try, in another terminal (AXLE_HUB=http://{http}):\n  \
-         cargo run --release --bin axle -- submit --team vision --gpus 0.25 --priority development -- sleep 60\n  \
-         cargo run --release --bin axle -- submit --team nlp --gpus 8 --gang 2 --priority training -- sleep 120\n  \
-         cargo run --release --bin axle -- get workloads\n  \
-         cargo run --release --bin axle -- get teams\n",
+         {axle} submit --team vision --gpus 0.25 --priority development -- sleep 60\n  \
+         {axle} submit --team nlp --gpus 8 --gang 2 --priority training -- sleep 120\n  \
+         {axle} get workloads\n  \
+         {axle} get teams\n",
         data_dir.display(),
         policy
             .clusters
@@ -191,4 +192,16 @@ async fn start(args: Args) -> anyhow::Result<()> {
         }
     };
     run(data_dir, policy, listeners, shutdown).await
+}
+
+/// How to run the CLI from here: the `axle` built beside this binary when
+/// there is one (what `cargo build` and `cargo run` leave in target/), else
+/// the cargo command that builds it.
+fn axle_command() -> String {
+    std::env::current_exe()
+        .ok()
+        .map(|p| p.with_file_name("axle"))
+        .filter(|p| p.is_file())
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "cargo run --release --bin axle --".to_string())
 }
