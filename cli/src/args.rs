@@ -135,10 +135,37 @@ pub enum ObjectFormat {
 }
 
 /// JSON (pretty) or YAML text of `value`, ending in a newline.
+/// Beside every millisecond timestamp (`submitted_at_ms`, `at_ms`,
+/// `last_heartbeat_ms`, …) the same instant in RFC 3339 (`submitted_at`,
+/// `at`, `last_heartbeat`), for people and for tools that parse dates.
+pub fn with_rfc3339(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            let stamps: Vec<(String, u64)> = map
+                .iter()
+                .filter(|(k, _)| k.ends_with("at_ms") || k.ends_with("heartbeat_ms"))
+                .filter_map(|(k, v)| v.as_u64().map(|ms| (k.clone(), ms)))
+                .collect();
+            for v in map.values_mut() {
+                with_rfc3339(v);
+            }
+            for (k, ms) in stamps {
+                let name = k.trim_end_matches("_ms").to_string();
+                let text = crate::table::fmt_timestamp(ms).replacen(' ', "T", 1);
+                map.entry(name).or_insert(serde_json::Value::String(text));
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(with_rfc3339),
+        _ => {}
+    }
+}
+
 pub fn to_text<T: Serialize>(value: &T, format: ObjectFormat) -> anyhow::Result<String> {
+    let mut value = serde_json::to_value(value)?;
+    with_rfc3339(&mut value);
     let mut text = match format {
-        ObjectFormat::Json => serde_json::to_string_pretty(value)?,
-        ObjectFormat::Yaml => serde_saphyr::to_string(value)?,
+        ObjectFormat::Json => serde_json::to_string_pretty(&value)?,
+        ObjectFormat::Yaml => serde_saphyr::to_string(&value)?,
     };
     if !text.ends_with('\n') {
         text.push('\n');
@@ -149,6 +176,22 @@ pub fn to_text<T: Serialize>(value: &T, format: ObjectFormat) -> anyhow::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_get_an_rfc3339_twin() {
+        let mut v = serde_json::json!({
+            "submitted_at_ms": 1_796_303_901_583u64,
+            "finished_at_ms": null,
+            "history": [{"at_ms": 0, "to": "Placed"}],
+            "gpus": 1.0
+        });
+        with_rfc3339(&mut v);
+        assert_eq!(v["submitted_at"], "2026-12-03T13:18:21.583Z");
+        assert_eq!(v["submitted_at_ms"], 1_796_303_901_583u64);
+        assert!(v.get("finished_at").is_none());
+        assert_eq!(v["history"][0]["at"], "1970-01-01T00:00:00.000Z");
+        assert!(v.get("gpus_at").is_none());
+    }
 
     #[test]
     fn durations() {
