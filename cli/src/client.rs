@@ -22,6 +22,12 @@ const SUBMIT_RETRIES: u32 = 3;
 /// long enough to ride out a hub restart's listen gap, short for a human.
 const SUBMIT_RETRY_BACKOFF: Duration = Duration::from_millis(250);
 
+/// Pooled connections are dropped after this long unused: below the hub's
+/// shortest connection timeout (10 s to send a header, which also ends
+/// keep-alive waits), so `-w` and `bench` never send a request on a
+/// connection the hub is closing.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Items the CLI asks for per page: the hub's most, so a long list takes
 /// few round trips.
 const PAGE_ITEMS: usize = 5_000;
@@ -130,6 +136,7 @@ impl Client {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .user_agent(concat!("axle-cli/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| anyhow::anyhow!("cannot build the HTTP client: {e}"))?;

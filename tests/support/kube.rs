@@ -64,14 +64,9 @@ pub fn gpu_node(name: &str, product: &str, count: u32, allocatable: &[(&str, &st
 }
 
 /// A kubeconfig for the test API server (plain HTTP on loopback, no user).
-pub fn write_kubeconfig(dir: &Path, url: &str) -> PathBuf {
+pub fn write_kubeconfig(dir: &Path, server: &KubeTestServer) -> PathBuf {
     let path = dir.join("kubeconfig");
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n\
-         users:\n- name: test\n  user: {{}}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n\
-         current-context: test\n"
-    );
-    std::fs::write(&path, text).expect("write kubeconfig");
+    std::fs::write(&path, server.kubeconfig()).expect("write kubeconfig");
     path
 }
 
@@ -98,7 +93,7 @@ impl KubeEnv {
             state.add_node(n).expect("add node");
         }
         let kube = KubeTestServer::start_with(state.clone(), "127.0.0.1:0".parse().unwrap()).await;
-        let kubeconfig = write_kubeconfig(dir.path(), &kube.url());
+        let kubeconfig = write_kubeconfig(dir.path(), &kube);
         let policy = TempPolicy::fixture(fixtures);
         let mut hub = HubProc::start(policy.path(), &dir.path().join("hub"), Ports::free());
         let mut spec = SpokeSpec::new(cluster, "eu-west", &[], &dir.path().join("spoke"));

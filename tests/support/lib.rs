@@ -27,6 +27,9 @@ use serde_json::Value;
 /// How long one HTTP request may take: the hub answers in milliseconds; a
 /// debug build on a busy 2-core machine still stays far below this.
 pub const HTTP_TIMEOUT: Duration = Duration::from_secs(20);
+/// Below the hub's shortest connection timeout (its 10 s header-read
+/// timeout, which also ends keep-alive waits).
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Poll period of [`wait_until`]: short next to the hub's 1 s tick, long
 /// enough not to load a 2-core machine.
@@ -502,6 +505,9 @@ impl Api {
         install_crypto();
         let http = reqwest::Client::builder()
             .timeout(HTTP_TIMEOUT)
+            // Drop pooled connections before the hub closes them as idle,
+            // so a request never goes out on one it is closing.
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .no_proxy()
             .build()
             .expect("HTTP client");

@@ -115,6 +115,17 @@ impl KubeTestServer {
         format!("http://{}", self.addr)
     }
 
+    /// A kubeconfig whose current context points at this server (no
+    /// credentials: the test server has no authentication).
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: axle-test\n  cluster:\n    server: {}\n\
+             users:\n- name: axle-test\n  user: {{}}\ncontexts:\n- name: axle-test\n  context:\n    cluster: axle-test\n    user: axle-test\n\
+             current-context: axle-test\n",
+            self.url()
+        )
+    }
+
     /// The address served.
     pub fn addr(&self) -> SocketAddr {
         self.addr

@@ -103,11 +103,7 @@ async fn main() -> std::process::ExitCode {
     let server = KubeTestServer::start_with(cluster, a.listen).await;
     let url = server.url();
     if let Some(path) = &a.kubeconfig {
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: axle-test\n  cluster:\n    server: {url}\n\
-             users:\n- name: axle-test\n  user: {{}}\ncontexts:\n- name: axle-test\n  context:\n    cluster: axle-test\n    user: axle-test\n\
-             current-context: axle-test\n"
-        );
+        let text = server.kubeconfig();
         if let Err(e) = std::fs::write(path, text) {
             eprintln!("error: --kubeconfig {}: {e}", path.display());
             return std::process::ExitCode::FAILURE;
