@@ -298,7 +298,28 @@ pub struct Settings {
     pub cross_team_preemption: CrossTeamPreemption,
     /// Known GPU classes (built-ins plus `gpuClasses` from the file).
     pub gpu_classes: Vec<String>,
+    /// Finished workloads are deleted (record, events, logs) this long after they finish.
+    pub retain_finished_hours: u64,
+    /// Events older than this are deleted.
+    pub retain_events_days: u64,
+    /// Log bytes kept per workload run (head and most recent tail).
+    pub max_log_bytes_per_workload: u64,
 }
+
+/// Default `retainFinishedHours`: a week, long enough to look back at last
+/// week's failures, short enough that a hub running 100 workloads/s keeps
+/// about 60 million records at most.
+pub const DEFAULT_RETAIN_FINISHED_HOURS: u64 = 168;
+
+/// Default `retainEventsDays`: a quarter of audit history.
+pub const DEFAULT_RETAIN_EVENTS_DAYS: u64 = 90;
+
+/// Default `maxLogBytesPerWorkload`: 64 MiB — every traceback and far more
+/// than anyone reads in a terminal.
+pub const DEFAULT_MAX_LOG_BYTES_PER_WORKLOAD: u64 = 64 << 20;
+
+/// Smallest `maxLogBytesPerWorkload`: room for a head and a tail worth reading.
+pub const MIN_LOG_BYTES_PER_WORKLOAD: u64 = 4096;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -309,6 +330,9 @@ impl Default for Settings {
             default_priority_class: "development".to_string(),
             cross_team_preemption: CrossTeamPreemption::BorrowedOnly,
             gpu_classes: BUILTIN_GPU_CLASSES.iter().map(|s| s.to_string()).collect(),
+            retain_finished_hours: DEFAULT_RETAIN_FINISHED_HOURS,
+            retain_events_days: DEFAULT_RETAIN_EVENTS_DAYS,
+            max_log_bytes_per_workload: DEFAULT_MAX_LOG_BYTES_PER_WORKLOAD,
         }
     }
 }

@@ -8,8 +8,9 @@ use crate::document::{Doc, Docs};
 use crate::file::{Loc, ProviderTypeSpec, RoleSpec};
 use crate::model::{
     ANY_GPU_CLASS, BurstProvider, CHECKPOINT_SIGNALS, Cluster, CrossTeamPreemption,
-    DEFAULT_CHECKPOINT_INTERVAL_S, MILLI_PER_GPU, Member, Milli, NodeGroup, Policy, PriorityClass,
-    ProviderType, Quota, Role, Settings, Team, TeamBurst, default_priority_classes,
+    DEFAULT_CHECKPOINT_INTERVAL_S, MILLI_PER_GPU, MIN_LOG_BYTES_PER_WORKLOAD, Member, Milli,
+    NodeGroup, Policy, PriorityClass, ProviderType, Quota, Role, Settings, Team, TeamBurst,
+    default_priority_classes,
 };
 use crate::report::{Pos, Reporter};
 
@@ -180,6 +181,45 @@ fn settings(docs: &Docs, rep: &mut Reporter<'_>) -> (Settings, Option<(Pos, Stri
             );
         } else {
             settings.spoke_lost_after_s = v.value;
+        }
+    }
+    if let Some(v) = &s.retain_finished_hours {
+        if v.value == 0 {
+            rep.error(
+                first.at(v),
+                first.path("retainFinishedHours"),
+                "retainFinishedHours must be at least 1".to_string(),
+                "keep finished work long enough to read why it failed, such as 168 (a week)",
+            );
+        } else {
+            settings.retain_finished_hours = v.value;
+        }
+    }
+    if let Some(v) = &s.retain_events_days {
+        if v.value == 0 {
+            rep.error(
+                first.at(v),
+                first.path("retainEventsDays"),
+                "retainEventsDays must be at least 1".to_string(),
+                "an audit window such as 90",
+            );
+        } else {
+            settings.retain_events_days = v.value;
+        }
+    }
+    if let Some(v) = &s.max_log_bytes_per_workload {
+        if v.value < MIN_LOG_BYTES_PER_WORKLOAD {
+            rep.error(
+                first.at(v),
+                first.path("maxLogBytesPerWorkload"),
+                format!(
+                    "maxLogBytesPerWorkload ({}) is below the smallest useful log of {MIN_LOG_BYTES_PER_WORKLOAD} bytes",
+                    v.value
+                ),
+                "67108864 (64 MiB) keeps every traceback",
+            );
+        } else {
+            settings.max_log_bytes_per_workload = v.value;
         }
     }
     if let Some(c) = &s.cross_team_preemption {

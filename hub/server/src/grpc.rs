@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use axle_proto::pb;
 use axle_proto::pb::spoke_message::Msg;
 use tokio::sync::{mpsc, oneshot};
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
@@ -29,19 +30,29 @@ impl SpokeSvc {
     }
 }
 
-fn status_of(e: HubError) -> Status {
-    match e.status {
-        400 => Status::invalid_argument(e.error.error),
-        404 => Status::not_found(e.error.error),
-        409 => Status::failed_precondition(e.error.error),
-        503 => Status::unavailable(e.error.error),
-        _ => Status::internal(e.error.error),
+/// The gRPC code of each core error: the only place they meet.
+pub fn status_of(e: HubError) -> Status {
+    let msg = e.to_string();
+    match e {
+        HubError::BadRequest { .. } => Status::invalid_argument(msg),
+        HubError::NotFound(_) => Status::not_found(msg),
+        HubError::Conflict(_) => Status::failed_precondition(msg),
+        HubError::Unauthenticated(_) => Status::unauthenticated(msg),
+        HubError::PermissionDenied(_) => Status::permission_denied(msg),
+        HubError::Unavailable(_) => Status::unavailable(msg),
+        HubError::Internal(_) => Status::internal(msg),
     }
 }
 
+/// What a spoke's session stream carries: the core's messages, never an error.
+type Outbound = tokio_stream::adapters::Map<
+    ReceiverStream<pb::HubMessage>,
+    fn(pb::HubMessage) -> Result<pb::HubMessage, Status>,
+>;
+
 #[tonic::async_trait]
 impl pb::spoke_service_server::SpokeService for SpokeSvc {
-    type SessionStream = ReceiverStream<Result<pb::HubMessage, Status>>;
+    type SessionStream = Outbound;
 
     async fn session(
         &self,
@@ -72,13 +83,15 @@ impl pb::spoke_service_server::SpokeService for SpokeSvc {
             .map_err(status_of)?;
         registered
             .await
-            .map_err(|_| Status::unavailable("hub is shutting down"))??;
+            .map_err(|_| Status::unavailable("hub is shutting down"))?
+            .map_err(status_of)?;
         let hub = self.hub.clone();
         let log_dir = logs::dir(&hub.config.data_dir);
         tokio::spawn(async move {
             read_session(hub, inbound, cluster, conn, log_dir).await;
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        let ok: fn(pb::HubMessage) -> Result<pb::HubMessage, Status> = Ok;
+        Ok(Response::new(ReceiverStream::new(rx).map(ok)))
     }
 }
 
@@ -169,7 +182,7 @@ impl pb::user_service_server::UserService for UserSvc {
         let id = req.into_inner().id;
         let view = self
             .hub
-            .lock()
+            .read()
             .view(id)
             .ok_or_else(|| Status::not_found(format!("workload {id} not found")))?;
         Ok(Response::new(views::workload_pb(&view)))
@@ -181,7 +194,7 @@ impl pb::user_service_server::UserService for UserSvc {
     ) -> Result<Response<pb::ListWorkloadsResponse>, Status> {
         let r = req.into_inner();
         let opt = |s: String| if s.is_empty() { None } else { Some(s) };
-        let params = crate::http::ListParams {
+        let params = crate::hub::ListParams {
             team: opt(r.team),
             state: opt(r.state),
             cluster: opt(r.cluster),
@@ -190,7 +203,7 @@ impl pb::user_service_server::UserService for UserSvc {
             limit: (r.limit > 0).then_some(r.limit as usize),
             continue_token: opt(r.continue_token),
         };
-        let (list, next) = crate::http::list(&self.hub, params).map_err(status_of)?;
+        let (list, next) = self.hub.read().list(&params).map_err(status_of)?;
         Ok(Response::new(pb::ListWorkloadsResponse {
             workloads: list.iter().map(views::workload_pb).collect(),
             continue_token: next.unwrap_or_default(),

@@ -14,8 +14,7 @@ use axum::routing::get;
 use serde::Deserialize;
 use tokio::sync::oneshot;
 
-use crate::hub::{Command, Hub, HubError};
-use crate::lifecycle::WState;
+use crate::hub::{Command, Hub, HubError, ListParams};
 use crate::{logs, views};
 
 /// Largest accepted request body: a submit is a few KB; 1 MiB leaves room
@@ -37,10 +36,10 @@ pub fn router(hub: Arc<Hub>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ready" }))
         .fallback(|| async {
-            err(HubError::status(
-                404,
+            http_err(
+                StatusCode::NOT_FOUND,
                 "no such endpoint; the API lives under /api/v1 (workloads, clusters, teams, events, policy)",
-            ))
+            )
         })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(json_errors))
@@ -56,10 +55,10 @@ pub const MAX_URI_BYTES: usize = 8 * 1024;
 async fn bounded_uri(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if len > MAX_URI_BYTES {
-        return err(HubError::status(
-            414,
+        return http_err(
+            StatusCode::URI_TOO_LONG,
             format!("the request URI is {len} bytes long; at most {MAX_URI_BYTES} are served"),
-        ));
+        );
     }
     next.run(req).await
 }
@@ -104,13 +103,12 @@ async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) 
                 .unwrap_or_default();
             let text = String::from_utf8_lossy(&body).trim().to_string();
             let reason = other.canonical_reason().unwrap_or("error");
-            let code = other.as_u16();
             let msg = if text.is_empty() {
                 reason.to_string()
             } else {
                 format!("{reason}: {text}")
             };
-            return err(HubError::status(code, msg));
+            return http_err(other, msg);
         }
     };
     let (mut parts, _) = res.into_parts();
@@ -127,9 +125,33 @@ async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) 
     Response::from_parts(parts, axum::body::Body::from(body))
 }
 
+/// The HTTP status of each core error: the only place they meet.
+pub fn status_of(e: &HubError) -> StatusCode {
+    match e {
+        HubError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+        HubError::NotFound(_) => StatusCode::NOT_FOUND,
+        HubError::Conflict(_) => StatusCode::CONFLICT,
+        HubError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+        HubError::PermissionDenied(_) => StatusCode::FORBIDDEN,
+        HubError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        HubError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 fn err(e: HubError) -> Response {
-    let code = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (code, axum::Json(e.error)).into_response()
+    (status_of(&e), axum::Json(e.to_api())).into_response()
+}
+
+/// An error of the HTTP layer itself (routing, limits), with its status.
+fn http_err(code: StatusCode, msg: impl Into<String>) -> Response {
+    (
+        code,
+        axum::Json(ApiError {
+            error: msg.into(),
+            field: None,
+        }),
+    )
+        .into_response()
 }
 
 fn json<T: serde::Serialize>(code: StatusCode, v: &T) -> Response {
@@ -150,15 +172,12 @@ async fn submit(State(hub): State<Arc<Hub>>, body: Bytes) -> Response {
     let req: SubmitRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
-            return err(HubError {
-                status: 400,
-                error: ApiError {
-                    error: format!(
-                        "malformed submit request: {e}; expected JSON like {{\"team\":\"vision\",\"gpus\":1,\"command\":[\"python\",\"train.py\"]}}"
-                    ),
-                    field: None,
-                },
-            });
+            return err(HubError::bad(
+                format!(
+                    "malformed submit request: {e}; expected JSON like {{\"team\":\"vision\",\"gpus\":1,\"command\":[\"python\",\"train.py\"]}}"
+                ),
+                None,
+            ));
         }
     };
     let (reply, rx) = oneshot::channel();
@@ -175,127 +194,8 @@ async fn submit(State(hub): State<Arc<Hub>>, body: Bytes) -> Response {
             &view,
         ),
         Ok(Err(e)) => err(e),
-        Err(_) => err(HubError::status(503, "hub is shutting down")),
+        Err(_) => err(HubError::shutting_down()),
     }
-}
-
-/// Items per page of `GET /api/v1/workloads` when the client names no
-/// `limit`: a screenful many times over, a few hundred KB of JSON.
-pub const DEFAULT_PAGE_ITEMS: usize = 500;
-/// Most items per page: bounds the time a page holds the hub's read lock
-/// and the memory of one answer, whatever the client asks.
-pub const MAX_PAGE_ITEMS: usize = 5_000;
-
-/// Filters and paging of a workload list.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ListParams {
-    pub team: Option<String>,
-    pub state: Option<String>,
-    pub cluster: Option<String>,
-    pub priority: Option<String>,
-    /// Names that start with this.
-    pub name_prefix: Option<String>,
-    /// Items per page (default `DEFAULT_PAGE_ITEMS`, at most
-    /// `MAX_PAGE_ITEMS`).
-    pub limit: Option<usize>,
-    /// The `continue` token of the previous page.
-    #[serde(rename = "continue")]
-    pub continue_token: Option<String>,
-}
-
-/// The opaque token for the page after workload `last_id`.
-fn continue_token(last_id: u64) -> String {
-    format!("w1.{last_id:x}")
-}
-
-fn parse_continue(token: &str) -> Result<u64, HubError> {
-    token
-        .strip_prefix("w1.")
-        .and_then(|h| u64::from_str_radix(h, 16).ok())
-        .ok_or_else(|| {
-            HubError::bad(
-                format!(
-                    "continue token {token:?} is not one this hub gave out; pass the `continue` of the previous page unchanged"
-                ),
-                Some("continue"),
-            )
-        })
-}
-
-/// One page of the workloads matching `p`, in id order, and the token of
-/// the next page when there are more.
-pub fn list(
-    hub: &Hub,
-    p: ListParams,
-) -> Result<(Vec<api::WorkloadView>, Option<String>), HubError> {
-    let state = match &p.state {
-        Some(s) => Some(WState::parse(s).ok_or_else(|| {
-            HubError::bad(
-                format!("unknown state {s:?}; use one of {}", api::STATES.join(", ")),
-                Some("state"),
-            )
-        })?),
-        None => None,
-    };
-    let limit = match p.limit {
-        None => DEFAULT_PAGE_ITEMS,
-        Some(0) => {
-            return Err(HubError::bad(
-                format!("limit must be between 1 and {MAX_PAGE_ITEMS}"),
-                Some("limit"),
-            ));
-        }
-        Some(n) => n.min(MAX_PAGE_ITEMS),
-    };
-    let after = match &p.continue_token {
-        Some(t) if !t.is_empty() => Some(parse_continue(t)?),
-        _ => None,
-    };
-    let inner = hub.lock();
-    if let Some(t) = &p.team
-        && !inner.policy.teams.contains_key(t)
-    {
-        return Err(HubError::bad(
-            format!(
-                "unknown team {t:?}; known teams: {}",
-                inner
-                    .policy
-                    .teams
-                    .keys()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            Some("team"),
-        ));
-    }
-    let range = match after {
-        Some(id) => inner.workloads.range(id.saturating_add(1)..),
-        None => inner.workloads.range(..),
-    };
-    let mut items = Vec::new();
-    let mut next = None;
-    for w in range.map(|(_, w)| w).filter(|w| {
-        p.team.as_ref().is_none_or(|t| &w.team == t)
-            && state.is_none_or(|s| w.state == s)
-            && p.priority.as_ref().is_none_or(|c| &w.priority == c)
-            && p.name_prefix
-                .as_ref()
-                .is_none_or(|n| w.name.starts_with(n.as_str()))
-            && p.cluster
-                .as_ref()
-                .is_none_or(|c| w.placement.as_ref().is_some_and(|p| &p.cluster == c))
-    }) {
-        if items.len() == limit {
-            next = items
-                .last()
-                .map(|v: &api::WorkloadView| continue_token(v.id));
-            break;
-        }
-        items.push(views::workload(w, inner.reasons.get(&w.id)));
-    }
-    Ok((items, next))
 }
 
 async fn list_workloads(
@@ -313,7 +213,7 @@ async fn list_workloads(
             ));
         }
     };
-    match list(&hub, q) {
+    match hub.read().list(&q) {
         Ok((items, continue_token)) => json(
             StatusCode::OK,
             &api::WorkloadList {
@@ -330,9 +230,9 @@ async fn get_workload(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Re
         Ok(id) => id,
         Err(e) => return err(e),
     };
-    match hub.lock().view(id) {
+    match hub.read().view(id) {
         Some(v) => json(StatusCode::OK, &v),
-        None => err(HubError::status(404, format!("workload {id} not found"))),
+        None => err(HubError::NotFound(format!("workload {id} not found"))),
     }
 }
 
@@ -348,7 +248,7 @@ async fn cancel(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response
     match rx.await {
         Ok(Ok(v)) => json(StatusCode::OK, &v),
         Ok(Err(e)) => err(e),
-        Err(_) => err(HubError::status(503, "hub is shutting down")),
+        Err(_) => err(HubError::shutting_down()),
     }
 }
 
@@ -373,9 +273,9 @@ async fn get_logs(
             Some("offset"),
         ));
     };
-    let (epoch, done) = match hub.lock().workloads.get(&id) {
+    let (epoch, done) = match hub.read().workload(id) {
         Some(w) => (w.epoch, w.state.is_terminal()),
-        None => return err(HubError::status(404, format!("workload {id} not found"))),
+        None => return err(HubError::NotFound(format!("workload {id} not found"))),
     };
     match logs::read(
         &logs::dir(&hub.config.data_dir),
@@ -399,17 +299,17 @@ async fn get_logs(
                 },
             )
         }
-        Err(e) => err(HubError::status(500, format!("cannot read logs: {e}"))),
+        Err(e) => err(HubError::Internal(format!("cannot read logs: {e}"))),
     }
 }
 
 async fn clusters(State(hub): State<Arc<Hub>>) -> Response {
-    let v = hub.lock().cluster_views();
+    let v = hub.read().cluster_views();
     json(StatusCode::OK, &v)
 }
 
 async fn teams(State(hub): State<Arc<Hub>>) -> Response {
-    let v = hub.lock().team_views();
+    let v = hub.read().team_views();
     json(StatusCode::OK, &v)
 }
 
@@ -434,7 +334,7 @@ async fn events(
     let limit = q.limit.unwrap_or(1000).min(MAX_EVENTS_PER_PAGE);
     match hub.events_since(q.since, limit, q.workload) {
         Ok(events) => {
-            let v: Vec<api::EventView> = events.iter().map(views::event).collect();
+            let v: Vec<api::EventView> = events.iter().map(|e| views::event(e)).collect();
             json(StatusCode::OK, &v)
         }
         Err(e) => err(e),
@@ -442,7 +342,7 @@ async fn events(
 }
 
 async fn policy(State(hub): State<Arc<Hub>>) -> Response {
-    let inner = hub.lock();
+    let inner = hub.read();
     json(
         StatusCode::OK,
         &serde_json::json!({

@@ -225,6 +225,33 @@ pub async fn read(
     Ok((out, pos))
 }
 
+/// Deletes every log file of the given workloads (all epochs, head and
+/// tail segments) in one pass over the directory.
+pub async fn forget(dir: &Path, workloads: &[u64]) -> std::io::Result<usize> {
+    let ids: std::collections::BTreeSet<u64> = workloads.iter().copied().collect();
+    let mut rd = match tokio::fs::read_dir(dir).await {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut removed = 0;
+    while let Some(e) = rd.next_entry().await? {
+        let name = e.file_name();
+        let id = name
+            .to_str()
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(id, _)| id.parse::<u64>().ok());
+        if id.is_some_and(|id| ids.contains(&id)) {
+            match tokio::fs::remove_file(e.path()).await {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

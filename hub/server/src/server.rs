@@ -23,6 +23,10 @@ pub const GRPC_MAX_STREAMS_PER_CONNECTION: u32 = 64;
 /// Largest gRPC message accepted: a spoke's inventory of a big cluster or
 /// a log chunk fits many times over (tonic's own default is 4 MiB).
 pub const GRPC_MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// After a shutdown signal (SIGTERM), how long open requests and spoke
+/// sessions get to finish before the hub exits anyway: spokes reconnect to
+/// the next hub on their own, and a supervisor waits ~30 s before SIGKILL.
+pub const DRAIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub struct Listeners {
     pub http: TcpListener,
@@ -57,13 +61,15 @@ pub async fn run(
         .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
     let store = RedbStore::open(&data_dir.join("axle.redb"))
         .with_context(|| format!("cannot open the store in {}", data_dir.display()))?;
+    let log_limits = crate::logs::LogLimits::within(policy.settings.max_log_bytes_per_workload);
     let (hub, mut tasks) = Hub::start(
         store,
         policy,
         HubConfig {
             data_dir,
             spoke_token,
-            log_limits: crate::logs::LogLimits::default(),
+            log_limits,
+            clock: crate::hub::Clock::system(),
         },
     )
     .await?;
@@ -77,7 +83,8 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     let mut http_stop = stop_rx.clone();
-    let mut grpc_stop = stop_rx;
+    let mut grpc_stop = stop_rx.clone();
+    let mut drain = stop_rx;
 
     let app = crate::http::router(hub.clone());
     let http = crate::http_serve::serve(listeners.http, app, listeners.http_limits, async move {
@@ -98,12 +105,30 @@ pub async fn run(
         .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), async move {
             let _ = grpc_stop.wait_for(|s| *s).await;
         });
+    let servers = async {
+        let http = async { http.await.context("HTTP server failed") };
+        let grpc = async { grpc.await.context("gRPC server failed") };
+        tokio::try_join!(http, grpc).map(|_| ())
+    };
+    tokio::pin!(servers);
     // Either server or a hub task failing ends the hub: it must not limp
     // on half-served (the caller exits non-zero).
     tokio::select! {
-        r = http => r.context("HTTP server failed")?,
-        r = grpc => r.context("gRPC server failed")?,
+        r = &mut servers => return r,
         why = tasks.failed() => anyhow::bail!("{why}"),
+        _ = drain.wait_for(|s| *s) => {}
     }
+    info!(
+        "shutting down: draining requests and spoke sessions for at most {} s",
+        DRAIN_DEADLINE.as_secs()
+    );
+    match tokio::time::timeout(DRAIN_DEADLINE, &mut servers).await {
+        Ok(r) => r?,
+        Err(_) => tracing::warn!(
+            "drain deadline of {} s passed; closing what is still open",
+            DRAIN_DEADLINE.as_secs()
+        ),
+    }
+    tasks.abort();
     Ok(())
 }

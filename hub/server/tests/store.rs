@@ -203,6 +203,70 @@ async fn range_is_sorted_and_bounded_by_prefix_and_delete_works() {
 }
 
 #[tokio::test]
+async fn paginated_and_tail_ranges_stay_inside_the_prefix() {
+    let dir = temp_dir();
+    let store = RedbStore::open(&db_path(&dir)).unwrap();
+    for key in ["e/1", "e/2", "e/3", "e/4", "e0", "d/9", "f/1"] {
+        put_plain(&store, key, key).await;
+    }
+    let keys = |kvs: Vec<KeyValue>| kvs.into_iter().map(|kv| kv.key).collect::<Vec<_>>();
+    assert_eq!(
+        keys(store.range_page("e/", None, 2).unwrap()),
+        ["e/1", "e/2"]
+    );
+    assert_eq!(
+        keys(store.range_page("e/", Some("e/2"), 10).unwrap()),
+        ["e/3", "e/4"]
+    );
+    assert!(store.range_page("e/", Some("e/4"), 10).unwrap().is_empty());
+    // A cursor before the prefix starts at the prefix.
+    assert_eq!(keys(store.range_page("e/", Some("a"), 1).unwrap()), ["e/1"]);
+    assert_eq!(
+        keys(store.range_tail("e/", 3).unwrap()),
+        ["e/2", "e/3", "e/4"]
+    );
+    assert_eq!(keys(store.range_tail("f/", 3).unwrap()), ["f/1"]);
+    assert!(store.range_tail("g/", 3).unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn an_atomic_group_beyond_the_txn_limit_is_all_or_nothing() {
+    // Observed: "one store txn per batch" was one per 128 operations, each
+    // its own unit: a crash could keep part of a batch.
+    let dir = temp_dir();
+    let store = RedbStore::open(&db_path(&dir)).unwrap();
+    let group: Vec<Txn> = (0..3)
+        .map(|t| Txn {
+            compares: Vec::new(),
+            success: (0..100)
+                .map(|i| put(&format!("a/{t}/{i:03}"), "v"))
+                .collect(),
+            failure: Vec::new(),
+        })
+        .collect();
+    let results = store.txn_atomic(group).await.unwrap();
+    assert_eq!(results.len(), 3);
+    assert_eq!(store.range("a/").unwrap().len(), 300);
+    // One bad txn (over the op limit) and nothing of the group is written.
+    let bad = vec![
+        Txn::new().and_then(put("b/ok", "v")),
+        Txn {
+            compares: Vec::new(),
+            success: (0..200).map(|i| put(&format!("b/{i}"), "v")).collect(),
+            failure: Vec::new(),
+        },
+    ];
+    assert!(matches!(
+        store.txn_atomic(bad).await,
+        Err(StoreError::InvalidRequest(_))
+    ));
+    assert!(store.range("b/").unwrap().is_empty());
+    drop(store);
+    let store = RedbStore::open(&db_path(&dir)).unwrap();
+    assert_eq!(store.range("a/").unwrap().len(), 300, "durable");
+}
+
+#[tokio::test]
 async fn one_batch_sees_earlier_txns_of_the_same_batch() {
     let dir = temp_dir();
     let store = RedbStore::open(&db_path(&dir)).unwrap();

@@ -277,6 +277,18 @@ pub trait Store: Send + Sync + 'static {
     /// prefixes whose size the hub's admission limits already bound.
     fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError>;
 
+    /// At most `limit` keys starting with `prefix` and sorting after `after`
+    /// (from the first key when `None`), sorted by key: a paginated range.
+    fn range_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<KeyValue>, StoreError>;
+
+    /// The last `limit` keys starting with `prefix`, sorted by key.
+    fn range_tail(&self, prefix: &str, limit: usize) -> Result<Vec<KeyValue>, StoreError>;
+
     /// Revision of the latest durable commit.
     fn rev(&self) -> Rev;
 
@@ -286,6 +298,12 @@ pub trait Store: Send + Sync + 'static {
     /// Applies txns in order, as if each were passed to [`Store::txn`] in turn, typically in one
     /// group commit. One result per txn, in order.
     fn txn_many(&self, txns: Vec<Txn>) -> BoxFuture<'_, Vec<Result<TxnResult, StoreError>>>;
+
+    /// Applies txns in order as ONE atomic, durable change: after a crash
+    /// either all of them are there or none. This is how the hub commits a
+    /// batch larger than [`MAX_OPS_PER_TXN`]. Each txn is validated first;
+    /// if one fails, none is applied.
+    fn txn_atomic(&self, txns: Vec<Txn>) -> BoxFuture<'_, Result<Vec<TxnResult>, StoreError>>;
 
     /// Subscribes to changes of keys starting with `prefix`, from the next commit on, in commit
     /// order. A watcher that falls [`WATCH_CHANNEL_CAPACITY`] events behind is dropped: its

@@ -164,6 +164,12 @@ enum Request {
         now: Instant,
         reply: ReplyTo,
     },
+    /// Txns applied all together or not at all, inside one group commit.
+    Atomic {
+        txns: Vec<Txn>,
+        now: Instant,
+        reply: ReplyTo,
+    },
 }
 
 enum Work {
@@ -171,11 +177,13 @@ enum Work {
     Grant { ttl_ms: u64, now: Instant },
     Revoke(LeaseId),
     Reap,
+    Atomic(Vec<Txn>),
 }
 
 /// What the writer answers.
 enum Reply {
     Txn(TxnResult),
+    Txns(Vec<TxnResult>),
     Lease(LeaseId),
     Done,
 }
@@ -497,6 +505,7 @@ impl Writer {
             .iter()
             .map(|r| match r {
                 Request::Txn { now, .. }
+                | Request::Atomic { now, .. }
                 | Request::Grant { now, .. }
                 | Request::Revoke { now, .. }
                 | Request::Reap { now, .. } => *now,
@@ -507,6 +516,7 @@ impl Writer {
         for request in requests {
             let (work, reply) = match request {
                 Request::Txn { txn, reply, .. } => (Work::Txn(txn), reply),
+                Request::Atomic { txns, reply, .. } => (Work::Atomic(txns), reply),
                 Request::Grant { ttl_ms, now, reply } => (Work::Grant { ttl_ms, now }, reply),
                 Request::Revoke { id, reply, .. } => (Work::Revoke(id), reply),
                 Request::Reap { reply, .. } => (Work::Reap, reply),
@@ -593,6 +603,19 @@ impl Writer {
             for work in works {
                 let outcome = match work {
                     Work::Txn(txn) => self.apply_txn(&mut tables, txn, batch)?.map(Reply::Txn),
+                    Work::Atomic(txns) => {
+                        let mut results = Vec::with_capacity(txns.len());
+                        for txn in txns {
+                            // A txn of an atomic group that fails after its
+                            // predecessors were applied fails the whole
+                            // group commit: nothing of it is written.
+                            match self.apply_txn(&mut tables, txn, batch)? {
+                                Ok(r) => results.push(r),
+                                Err(e) => return Err(e),
+                            }
+                        }
+                        Ok(Reply::Txns(results))
+                    }
                     Work::Grant { ttl_ms, now } => self.grant(&mut tables, ttl_ms, now, batch)?,
                     Work::Revoke(id) => self.revoke(&mut tables, id, batch)?,
                     Work::Reap => Ok(Reply::Done),
@@ -972,6 +995,83 @@ impl Store for RedbStore {
             }
             results
         })
+    }
+
+    fn txn_atomic(&self, txns: Vec<Txn>) -> BoxFuture<'_, Result<Vec<TxnResult>, StoreError>> {
+        Box::pin(async move {
+            for txn in &txns {
+                txn.validate()?;
+            }
+            let now = Instant::now();
+            match self
+                .request(|reply| Request::Atomic { txns, now, reply })
+                .await?
+            {
+                Reply::Txns(results) => Ok(results),
+                _ => Err(unexpected_reply()),
+            }
+        })
+    }
+
+    fn range_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<KeyValue>, StoreError> {
+        let read = self.shared.db.begin_read().ctx("beginning a read")?;
+        let table = read.open_table(KV).ctx("opening the kv table")?;
+        let now = Instant::now();
+        let start = match after {
+            Some(a) if a >= prefix => std::ops::Bound::Excluded(a),
+            _ => std::ops::Bound::Included(prefix),
+        };
+        let mut out = Vec::new();
+        let range = table
+            .range::<&str>((start, std::ops::Bound::Unbounded))
+            .ctx("ranging over keys")?;
+        for entry in range {
+            if out.len() >= limit {
+                break;
+            }
+            let (key, bytes) = entry.ctx("reading a key in a range")?;
+            let key = key.value();
+            if !key.starts_with(prefix) {
+                break;
+            }
+            if let Some(kv) = self.decode_kv(key, bytes.value(), now)? {
+                out.push(kv);
+            }
+        }
+        Ok(out)
+    }
+
+    fn range_tail(&self, prefix: &str, limit: usize) -> Result<Vec<KeyValue>, StoreError> {
+        let read = self.shared.db.begin_read().ctx("beginning a read")?;
+        let table = read.open_table(KV).ctx("opening the kv table")?;
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let range = table.range::<&str>(prefix..).ctx("ranging over keys")?;
+        // Keys after the prefix's range sort after every key in it; walk
+        // back from the end past them, then take the last `limit`.
+        for entry in range.rev() {
+            if out.len() >= limit {
+                break;
+            }
+            let (key, bytes) = entry.ctx("reading a key in a range")?;
+            let key = key.value();
+            if !key.starts_with(prefix) {
+                if out.is_empty() {
+                    continue;
+                }
+                break;
+            }
+            if let Some(kv) = self.decode_kv(key, bytes.value(), now)? {
+                out.push(kv);
+            }
+        }
+        out.reverse();
+        Ok(out)
     }
 
     fn watch(&self, prefix: &str) -> Result<mpsc::Receiver<WatchEvent>, StoreError> {

@@ -1,0 +1,245 @@
+//! The applier: commands in, batches applied, one atomic commit per batch,
+//! then the read snapshot, answers and spoke messages — never before the
+//! batch is durable.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axle_proto::api::{self, SubmitRequest};
+use axle_proto::pb;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{error, info, warn};
+
+use super::spokes::SpokeEvent;
+use super::{Hub, HubConfig, HubError, Inner, MAX_COMMANDS_PER_BATCH, SpokeTx};
+use crate::store::{MAX_OPS_PER_TXN, Op, Store, Txn};
+
+pub type Reply<T> = oneshot::Sender<Result<T, HubError>>;
+
+/// The answer to a submit: the workload, and whether this call created it
+/// (false for an idempotent replay).
+pub type SubmitReply = Reply<(api::WorkloadView, bool)>;
+
+/// Everything that changes the hub's state goes through the applier as one
+/// of these.
+pub enum Command {
+    Submit(SubmitRequest, SubmitReply),
+    Cancel(u64, Reply<api::WorkloadView>),
+    Register {
+        register: pb::Register,
+        conn: u64,
+        tx: SpokeTx,
+        reply: Reply<()>,
+    },
+    Heartbeat {
+        cluster: String,
+        conn: u64,
+        heartbeat: pb::Heartbeat,
+    },
+    Status {
+        cluster: String,
+        conn: u64,
+        status: pb::WorkloadStatus,
+    },
+    Disconnected {
+        cluster: String,
+        conn: u64,
+    },
+    Tick,
+}
+
+/// What one batch produced besides memory changes.
+#[derive(Default)]
+pub(super) struct Effects {
+    pub ops: Vec<Op>,
+    pub msgs: Vec<(String, pb::HubMessage)>,
+    pub after: Vec<Box<dyn FnOnce() + Send>>,
+    /// Accepted submits, answered after the cycle: (id, newly created, reply).
+    pub submitted: Vec<(u64, bool, SubmitReply)>,
+    /// Workloads deleted by retention: their logs go once the delete is durable.
+    pub forget_logs: Vec<u64>,
+}
+
+impl Effects {
+    pub fn put<T: serde::Serialize>(&mut self, key: String, value: &T) {
+        match serde_json::to_vec(value) {
+            Ok(v) => self.ops.push(Op::Put {
+                key,
+                value: v,
+                lease: None,
+            }),
+            Err(e) => error!("cannot encode record {key}: {e}"),
+        }
+    }
+
+    pub fn delete(&mut self, key: String) {
+        self.ops.push(Op::Delete { key });
+    }
+
+    /// Runs `f` once the batch is durable.
+    pub fn after(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.after.push(Box::new(f));
+    }
+}
+
+impl Hub {
+    /// Makes a batch durable in one atomic store transaction, publishes the
+    /// state it produced to readers, then tells: spoke messages in commit
+    /// order, then the callers' answers.
+    pub(super) async fn commit(&self, fx: Effects) {
+        if !fx.ops.is_empty() {
+            // The store's per-txn op limit is etcd's; the batch is split in
+            // txns of that size and committed all together or not at all.
+            let mut txns = Vec::with_capacity(fx.ops.len() / MAX_OPS_PER_TXN + 1);
+            let mut ops = fx.ops.into_iter().peekable();
+            while ops.peek().is_some() {
+                txns.push(Txn {
+                    compares: Vec::new(),
+                    success: ops.by_ref().take(MAX_OPS_PER_TXN).collect(),
+                    failure: Vec::new(),
+                });
+            }
+            if let Err(e) = self.store.txn_atomic(txns).await {
+                // Memory is ahead of disk and callers were promised
+                // durability: the only safe move is to stop and restart from the store.
+                error!("store commit failed: {e}; exiting so the hub restarts from its store");
+                std::process::exit(70);
+            }
+        }
+        let conns: BTreeMap<String, SpokeTx> = {
+            let inner = self.lock();
+            self.read.store(Arc::new(inner.read_view()));
+            inner
+                .clusters
+                .iter()
+                .filter_map(|(n, c)| c.session.sender().map(|tx| (n.clone(), tx.clone())))
+                .collect()
+        };
+        if !fx.forget_logs.is_empty() {
+            let dir = crate::logs::dir(&self.config.data_dir);
+            let ids = fx.forget_logs;
+            tokio::spawn(async move {
+                if let Err(e) = crate::logs::forget(&dir, &ids).await {
+                    warn!(
+                        "cannot delete the logs of {} retired workloads: {e}",
+                        ids.len()
+                    );
+                }
+            });
+        }
+        for (cluster, msg) in fx.msgs {
+            if let Some(tx) = conns.get(&cluster)
+                && tx.try_send(msg).is_err()
+            {
+                warn!("spoke {cluster} is not reading its stream; it will re-register");
+            }
+        }
+        for f in fx.after {
+            f();
+        }
+    }
+
+    pub(super) async fn applier(self: Arc<Self>, mut rx: mpsc::Receiver<Command>) {
+        let mut batch = Vec::with_capacity(MAX_COMMANDS_PER_BATCH);
+        while rx.recv_many(&mut batch, MAX_COMMANDS_PER_BATCH).await > 0 {
+            let now = self.now_ms();
+            let mut fx = Effects::default();
+            {
+                let mut inner = self.lock();
+                for cmd in batch.drain(..) {
+                    inner.apply(&self.config, self.store.as_ref(), cmd, &mut fx, now);
+                }
+                if inner.dirty {
+                    inner.dirty = false;
+                    inner.schedule(&mut fx, now);
+                }
+                for (id, created, reply) in std::mem::take(&mut fx.submitted) {
+                    let res = inner
+                        .view(id)
+                        .map(|v| (v, created))
+                        .ok_or_else(|| HubError::Internal(format!("workload {id} vanished")));
+                    fx.after(move || {
+                        let _ = reply.send(res);
+                    });
+                }
+            }
+            self.commit(fx).await;
+        }
+    }
+}
+
+impl Inner {
+    pub(super) fn apply(
+        &mut self,
+        cfg: &HubConfig,
+        store: &dyn Store,
+        cmd: Command,
+        fx: &mut Effects,
+        now: u64,
+    ) {
+        match cmd {
+            Command::Submit(req, reply) => match self.submit(req, fx, now) {
+                // The view is taken after this batch's cycle, so the answer
+                // already says where the workload went or why it waits.
+                Ok((id, created)) => fx.submitted.push((id, created, reply)),
+                Err(e) => fx.after(move || {
+                    let _ = reply.send(Err(e));
+                }),
+            },
+            Command::Cancel(id, reply) => {
+                let res = self.cancel(id, fx, now);
+                fx.after(move || {
+                    let _ = reply.send(res);
+                });
+            }
+            Command::Register {
+                register,
+                conn,
+                tx,
+                reply,
+            } => {
+                // Answered after the batch's commit, like every other
+                // command: the session opens only once its registration
+                // is durable.
+                let res = self.register(cfg, register, conn, tx, fx, now);
+                fx.after(move || {
+                    let _ = reply.send(res);
+                });
+            }
+            Command::Heartbeat {
+                cluster,
+                conn,
+                heartbeat,
+            } => self.heartbeat(&cluster, conn, heartbeat, fx, now),
+            Command::Status {
+                cluster,
+                conn,
+                status,
+            } => {
+                if self.is_current(&cluster, conn) {
+                    self.status(&cluster, status, fx, now);
+                }
+            }
+            Command::Disconnected { cluster, conn } => {
+                if self.spoke_step(&cluster, SpokeEvent::StreamEnded { conn }, fx, now) {
+                    info!("spoke {cluster} disconnected");
+                    self.event(
+                        fx,
+                        now,
+                        "spoke_disconnected",
+                        None,
+                        Some(&cluster),
+                        format!("spoke {cluster} disconnected"),
+                    );
+                }
+            }
+            Command::Tick => {
+                self.liveness(fx, now);
+                self.retain(fx, now, store);
+                // A cycle each tick (waits pass burst thresholds), without
+                // forcing a full explanation when nothing else changed.
+                self.dirty = true;
+            }
+        }
+    }
+}

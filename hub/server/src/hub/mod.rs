@@ -1,0 +1,231 @@
+//! The hub's core, by responsibility. One applier task owns every state
+//! change: it takes a batch of [`Command`]s (submits, cancels, spoke
+//! messages, ticks), applies them to the in-memory state, runs a scheduling
+//! cycle when something changed, commits everything in ONE atomic store
+//! transaction, publishes a new immutable [`ReadView`] for readers, and only
+//! then answers callers and sends assignments and stops to spokes — in
+//! commit order, so a spoke never sees a stop overtaken by an older assign.
+//!
+//! - `applier.rs` — commands, batching, the commit, effects;
+//! - `restore.rs` — loading the state from the store at start;
+//! - `snapshot.rs` — records ↔ the scheduler's `State` (inventory, rebuild);
+//! - `workloads.rs` — user commands (submit, cancel) and workload transitions;
+//! - `spokes.rs` — the [`SpokeState`] lifecycle, registration, liveness;
+//! - `reports.rs` — what spokes report about workloads (status, stops);
+//! - `messages.rs` — what the hub sends to spokes (assign, stop);
+//! - `schedule.rs` — one cycle and its decisions turned into records;
+//! - `read.rs` — the read snapshot and every query on it;
+//! - `retention.rs` — deleting finished workloads and old events;
+//! - `tasks.rs` — the supervised tasks; `clock.rs`, `error.rs`, `limits.rs`.
+//!
+//! Nothing here knows HTTP or gRPC: errors are [`HubError`]s mapped at the
+//! edges, spokes are fed `pb::HubMessage`s over a channel.
+
+mod applier;
+mod clock;
+mod error;
+mod limits;
+mod messages;
+mod read;
+mod reports;
+mod restore;
+mod retention;
+mod schedule;
+mod snapshot;
+mod spokes;
+mod table;
+mod tasks;
+mod workloads;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
+use axle_policy::Policy;
+use axle_scheduler::{PendingReason, State};
+use tokio::sync::mpsc;
+
+use crate::records::*;
+use crate::store::Store;
+
+pub use applier::{Command, Reply, SubmitReply};
+pub use clock::Clock;
+pub use error::HubError;
+pub use limits::*;
+pub use read::{ListParams, ReadView};
+pub use retention::Retention;
+pub use spokes::{SpokeEvent, SpokeState, SpokeTx};
+pub use table::Workloads;
+pub use tasks::HubTasks;
+
+use applier::Effects;
+use spokes::ClusterEntry;
+
+#[derive(Debug, Clone)]
+pub struct HubConfig {
+    pub data_dir: PathBuf,
+    /// Shared secret spokes must present; `None` accepts any (dev mode).
+    pub spoke_token: Option<String>,
+    /// How much of each run's log the hub keeps.
+    pub log_limits: crate::logs::LogLimits,
+    /// Where hub time comes from.
+    pub clock: Clock,
+}
+
+/// The applier's state. Only the applier task touches it (behind
+/// [`Hub::lock`], never held across an await); readers use the
+/// [`ReadView`] published after every commit.
+pub struct Inner {
+    policy: Arc<Policy>,
+    state: State,
+    clusters: BTreeMap<String, ClusterEntry>,
+    workloads: Workloads,
+    reasons: imbl::OrdMap<u64, Arc<PendingReason>>,
+    idem: BTreeMap<(String, String), u64>,
+    next_id: u64,
+    next_event: u64,
+    events: imbl::Vector<Arc<EventRecord>>,
+    burst_noted: BTreeSet<u64>,
+    started_ms: u64,
+    /// Something changed that may let a workload run: run a cycle.
+    dirty: bool,
+    /// Something changed since the last cycle that explained every waiting workload.
+    explain_stale: bool,
+    last_explain_ms: u64,
+    /// Finished workloads by finish time, for retention: (finished_at_ms, id).
+    finished: BTreeSet<(u64, u64)>,
+    /// Oldest event sequence still stored, and its time (`u64::MAX`: none
+    /// stored): retention deletes from there.
+    oldest_event: u64,
+    oldest_event_at_ms: u64,
+}
+
+pub struct Hub {
+    inner: Mutex<Inner>,
+    read: ArcSwap<ReadView>,
+    store: Arc<dyn Store>,
+    tx: mpsc::Sender<Command>,
+    pub config: HubConfig,
+}
+
+impl Hub {
+    /// Loads the hub's state from the store and starts the applier and
+    /// ticker tasks, which [`HubTasks`] supervises.
+    pub async fn start(
+        store: Arc<dyn Store>,
+        policy: Policy,
+        config: HubConfig,
+    ) -> anyhow::Result<(Arc<Hub>, HubTasks)> {
+        let now = config.clock.now_ms();
+        let inner = restore::load(store.as_ref(), Arc::new(policy), now)?;
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        let hub = Arc::new(Hub {
+            read: ArcSwap::from_pointee(inner.read_view()),
+            inner: Mutex::new(inner),
+            store,
+            tx,
+            config,
+        });
+        {
+            let mut fx = Effects::default();
+            {
+                let mut inner = hub.lock();
+                inner.rebuild(&mut fx, now);
+                let n = inner.workloads.len();
+                inner.event(
+                    &mut fx,
+                    now,
+                    "hub_started",
+                    None,
+                    None,
+                    format!("hub started with {n} workloads"),
+                );
+            }
+            hub.commit(fx).await;
+        }
+        let tasks = tasks::spawn(hub.clone(), rx);
+        Ok((hub, tasks))
+    }
+
+    /// The applier's state; for the applier and tests only.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A poisoned lock means a panic in the applier, which the
+        // supervisor turns into an exit; the state is not read again.
+        match self.inner.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// The latest committed state, for every read: never waits on the applier.
+    pub fn read(&self) -> Arc<ReadView> {
+        self.read.load_full()
+    }
+
+    pub async fn send(&self, cmd: Command) -> Result<(), HubError> {
+        self.tx
+            .send(cmd)
+            .await
+            .map_err(|_| HubError::shutting_down())
+    }
+
+    /// The hub's current time.
+    pub fn now_ms(&self) -> u64 {
+        self.config.clock.now_ms()
+    }
+}
+
+impl Inner {
+    /// Something changed that may let a workload run or changes why one waits.
+    fn changed(&mut self) {
+        self.dirty = true;
+        self.explain_stale = true;
+    }
+
+    fn event(
+        &mut self,
+        fx: &mut Effects,
+        now: u64,
+        kind: &str,
+        workload: Option<u64>,
+        cluster: Option<&str>,
+        message: String,
+    ) {
+        let e = EventRecord {
+            v: RECORD_VERSION,
+            seq: self.next_event,
+            at_ms: now,
+            kind: kind.to_string(),
+            workload,
+            cluster: cluster.map(str::to_string),
+            message,
+            policy_revision: self.policy.revision.clone(),
+        };
+        self.next_event += 1;
+        if self.oldest_event_at_ms == u64::MAX {
+            self.oldest_event = e.seq;
+            self.oldest_event_at_ms = now;
+        }
+        fx.put(event_key(e.seq), &e);
+        self.events.push_back(Arc::new(e));
+        if self.events.len() > EVENTS_IN_MEMORY {
+            self.events.pop_front();
+        }
+    }
+
+    /// Queues the record's write, and indexes it for retention once it is
+    /// finished.
+    fn save(&mut self, fx: &mut Effects, id: u64) {
+        if let Some(w) = self.workloads.get(&id) {
+            fx.put(workload_key(id), w);
+            if w.state.is_terminal() {
+                self.finished
+                    .insert((w.finished_at_ms.unwrap_or(w.submitted_at_ms), id));
+            }
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! Reads. After every commit the applier publishes a [`ReadView`]: an
+//! immutable snapshot of what is durable (workloads, pending reasons,
+//! clusters, team usage, the recent events). Building one is O(1) in the
+//! number of workloads (the tables are persistent maps), and every GET and
+//! gRPC read uses one without ever taking the applier's lock — readers
+//! cannot slow down writes, and never see a change before it is durable.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axle_policy::{MILLI_PER_GPU, Policy};
+use axle_proto::api;
+use axle_scheduler::{PendingReason, TeamUsage};
+use serde::Deserialize;
+
+use super::{Hub, HubError, Inner, Workloads};
+use crate::lifecycle::WState;
+use crate::records::*;
+
+/// Items per page of a workload list when the client names no `limit`: a
+/// screenful many times over, a few hundred KB of JSON.
+pub const DEFAULT_PAGE_ITEMS: usize = 500;
+
+/// Most items per page: bounds the time one page takes and the memory of
+/// one answer, whatever the client asks.
+pub const MAX_PAGE_ITEMS: usize = 5_000;
+
+/// A cluster as readers see it.
+#[derive(Debug, Clone)]
+pub struct ClusterSnapshot {
+    pub name: String,
+    pub region: String,
+    pub labels: BTreeMap<String, String>,
+    pub nodes: Vec<NodeRecord>,
+    /// [`super::SpokeState::name`].
+    pub state: &'static str,
+    pub registered: bool,
+    pub last_seen_ms: u64,
+    pub driver: String,
+}
+
+/// The state as of one commit.
+#[derive(Clone)]
+pub struct ReadView {
+    pub policy: Arc<Policy>,
+    pub workloads: Workloads,
+    pub reasons: imbl::OrdMap<u64, Arc<PendingReason>>,
+    pub clusters: Arc<Vec<ClusterSnapshot>>,
+    pub teams: Arc<Vec<TeamUsage>>,
+    /// The most recent events (at most [`super::EVENTS_IN_MEMORY`]).
+    pub events: imbl::Vector<Arc<EventRecord>>,
+}
+
+/// Filters and paging of a workload list.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    pub team: Option<String>,
+    pub state: Option<String>,
+    pub cluster: Option<String>,
+    pub priority: Option<String>,
+    /// Names that start with this.
+    pub name_prefix: Option<String>,
+    /// Items per page (default [`DEFAULT_PAGE_ITEMS`], at most
+    /// [`MAX_PAGE_ITEMS`]).
+    pub limit: Option<usize>,
+    /// The `continue` token of the previous page.
+    #[serde(rename = "continue")]
+    pub continue_token: Option<String>,
+}
+
+/// The opaque token for the page after workload `last_id`.
+fn continue_token(last_id: u64) -> String {
+    format!("w1.{last_id:x}")
+}
+
+fn parse_continue(token: &str) -> Result<u64, HubError> {
+    token
+        .strip_prefix("w1.")
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .ok_or_else(|| {
+            HubError::bad(
+                format!(
+                    "continue token {token:?} is not one this hub gave out; pass the `continue` of the previous page unchanged"
+                ),
+                Some("continue"),
+            )
+        })
+}
+
+impl Inner {
+    /// The snapshot readers get after this batch's commit.
+    pub(super) fn read_view(&self) -> ReadView {
+        ReadView {
+            policy: self.policy.clone(),
+            workloads: self.workloads.clone(),
+            reasons: self.reasons.clone(),
+            clusters: Arc::new(
+                self.clusters
+                    .iter()
+                    .map(|(name, c)| ClusterSnapshot {
+                        name: name.clone(),
+                        region: c.region.clone(),
+                        labels: c.labels.clone(),
+                        nodes: c.nodes.clone(),
+                        state: c.session.name(),
+                        registered: c.session.registered(),
+                        last_seen_ms: c.last_seen_ms,
+                        driver: c.driver.clone(),
+                    })
+                    .collect(),
+            ),
+            teams: Arc::new(self.state.team_usage()),
+            events: self.events.clone(),
+        }
+    }
+
+    /// The API view of a workload as the applier sees it now (for answers
+    /// sent after the commit).
+    pub(super) fn view(&self, id: u64) -> Option<api::WorkloadView> {
+        self.workloads
+            .get(&id)
+            .map(|w| crate::views::workload(w, self.reasons.get(&id).map(|r| &**r)))
+    }
+}
+
+impl ReadView {
+    pub fn workload(&self, id: u64) -> Option<&WorkloadRecord> {
+        self.workloads.get(&id)
+    }
+
+    pub fn view(&self, id: u64) -> Option<api::WorkloadView> {
+        self.workloads
+            .get(&id)
+            .map(|w| crate::views::workload(w, self.reasons.get(&id).map(|r| &**r)))
+    }
+
+    /// One page of the workloads matching `p`, in id order, and the token
+    /// of the next page when there are more.
+    pub fn list(
+        &self,
+        p: &ListParams,
+    ) -> Result<(Vec<api::WorkloadView>, Option<String>), HubError> {
+        let state = match &p.state {
+            Some(s) => Some(WState::parse(s).ok_or_else(|| {
+                HubError::bad(
+                    format!("unknown state {s:?}; use one of {}", api::STATES.join(", ")),
+                    Some("state"),
+                )
+            })?),
+            None => None,
+        };
+        let limit = match p.limit {
+            None => DEFAULT_PAGE_ITEMS,
+            Some(0) => {
+                return Err(HubError::bad(
+                    format!("limit must be between 1 and {MAX_PAGE_ITEMS}"),
+                    Some("limit"),
+                ));
+            }
+            Some(n) => n.min(MAX_PAGE_ITEMS),
+        };
+        let after = match &p.continue_token {
+            Some(t) if !t.is_empty() => Some(parse_continue(t)?),
+            _ => None,
+        };
+        if let Some(t) = &p.team
+            && !self.policy.teams.contains_key(t)
+        {
+            return Err(HubError::bad(
+                format!(
+                    "unknown team {t:?}; known teams: {}",
+                    self.policy
+                        .teams
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                Some("team"),
+            ));
+        }
+        let start = after.map_or(0, |id| id.saturating_add(1));
+        let mut items = Vec::new();
+        let mut next = None;
+        for w in self.workloads.range(start..).filter(|w| {
+            p.team.as_ref().is_none_or(|t| &w.team == t)
+                && state.is_none_or(|s| w.state == s)
+                && p.priority.as_ref().is_none_or(|c| &w.priority == c)
+                && p.name_prefix
+                    .as_ref()
+                    .is_none_or(|n| w.name.starts_with(n.as_str()))
+                && p.cluster
+                    .as_ref()
+                    .is_none_or(|c| w.placement.as_ref().is_some_and(|p| &p.cluster == c))
+        }) {
+            if items.len() == limit {
+                next = items
+                    .last()
+                    .map(|v: &api::WorkloadView| continue_token(v.id));
+                break;
+            }
+            items.push(crate::views::workload(
+                w,
+                self.reasons.get(&w.id).map(|r| &**r),
+            ));
+        }
+        Ok((items, next))
+    }
+
+    pub fn cluster_views(&self) -> Vec<api::ClusterView> {
+        let allocated: BTreeMap<(&str, &str, u32), u64> = {
+            let mut m = BTreeMap::new();
+            for w in self.workloads.values() {
+                if !w.state.holds_gpus() {
+                    continue;
+                }
+                if let Some(p) = &w.placement {
+                    for r in &p.replicas {
+                        for (node, g, milli) in &r.shards {
+                            *m.entry((p.cluster.as_str(), node.as_str(), *g))
+                                .or_insert(0) += u64::from(*milli);
+                        }
+                    }
+                }
+            }
+            m
+        };
+        self.clusters
+            .iter()
+            .map(|c| {
+                let name = &c.name;
+                let nodes: Vec<api::NodeView> = c
+                    .nodes
+                    .iter()
+                    .map(|n| api::NodeView {
+                        name: n.name.clone(),
+                        gpus: n
+                            .gpus
+                            .iter()
+                            .map(|g| api::GpuView {
+                                index: g.index,
+                                model: g.model.clone(),
+                                memory_mb: g.memory_mb,
+                                allocated: allocated
+                                    .get(&(name.as_str(), n.name.as_str(), g.index))
+                                    .copied()
+                                    .unwrap_or(0) as f64
+                                    / MILLI_PER_GPU as f64,
+                            })
+                            .collect(),
+                    })
+                    .collect();
+                let total: f64 = nodes.iter().map(|n| n.gpus.len() as f64).sum();
+                let alloc: f64 = nodes
+                    .iter()
+                    .flat_map(|n| &n.gpus)
+                    .map(|g| g.allocated)
+                    .sum();
+                let running = self
+                    .workloads
+                    .values()
+                    .filter(|w| {
+                        w.state.holds_gpus()
+                            && w.placement.as_ref().is_some_and(|p| &p.cluster == name)
+                    })
+                    .count() as u64;
+                api::ClusterView {
+                    name: name.clone(),
+                    region: c.region.clone(),
+                    state: c.state.to_string(),
+                    labels: c.labels.clone(),
+                    nodes,
+                    gpus_total: total,
+                    gpus_allocated: alloc,
+                    running_workloads: running,
+                    last_heartbeat_ms: (c.registered && c.last_seen_ms > 0)
+                        .then_some(c.last_seen_ms),
+                    driver: c.driver.clone(),
+                }
+            })
+            .collect()
+    }
+
+    pub fn team_views(&self) -> Vec<api::TeamView> {
+        let mut pending: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut running: BTreeMap<&str, u64> = BTreeMap::new();
+        for w in self.workloads.values() {
+            if w.state == WState::Pending {
+                *pending.entry(&w.team).or_default() += 1;
+            } else if w.state.holds_gpus() {
+                *running.entry(&w.team).or_default() += 1;
+            }
+        }
+        self.teams
+            .iter()
+            .cloned()
+            .map(|t| {
+                let team = self.policy.teams.get(&t.team);
+                api::TeamView {
+                    weight: team.map(|x| x.weight).unwrap_or(1.0),
+                    burst_budget_usd_per_month: team
+                        .map(|x| x.burst.budget_usd_per_month)
+                        .unwrap_or(0.0),
+                    pending: pending.get(t.team.as_str()).copied().unwrap_or(0),
+                    running: running.get(t.team.as_str()).copied().unwrap_or(0),
+                    quotas: t
+                        .classes
+                        .iter()
+                        .map(|c| api::QuotaView {
+                            gpu_class: c.gpu_class.clone(),
+                            used: c.used.as_gpus_f64(),
+                            guaranteed: c.guaranteed.as_gpus_f64(),
+                            limit: c.limit.as_gpus_f64(),
+                            borrowed: c.used.saturating_sub(c.guaranteed).as_gpus_f64(),
+                        })
+                        .collect(),
+                    name: t.team,
+                }
+            })
+            .collect()
+    }
+}
+
+impl Hub {
+    /// Events after `since` (oldest first): from the snapshot, or from the
+    /// store when they are older than its window.
+    pub fn events_since(
+        &self,
+        since: u64,
+        limit: usize,
+        workload: Option<u64>,
+    ) -> Result<Vec<Arc<EventRecord>>, HubError> {
+        let keep =
+            |e: &EventRecord| e.seq > since && workload.is_none_or(|w| e.workload == Some(w));
+        let read = self.read();
+        let in_memory = read
+            .events
+            .front()
+            .is_none_or(|first| first.seq <= since + 1);
+        if in_memory {
+            return Ok(read
+                .events
+                .iter()
+                .filter(|e| keep(e))
+                .take(limit)
+                .cloned()
+                .collect());
+        }
+        // Older than the window: page through the store from `since` on,
+        // a bounded number of records per call.
+        let mut out = Vec::new();
+        let mut after = event_key(since);
+        while out.len() < limit {
+            let page = self
+                .store
+                .range_page(EVENTS, Some(&after), super::EVENTS_IN_MEMORY)
+                .map_err(|e| HubError::Internal(format!("cannot read events: {e}")))?;
+            let Some(last) = page.last() else { break };
+            after = last.key.clone();
+            out.extend(
+                page.iter()
+                    .filter_map(|kv| serde_json::from_slice::<EventRecord>(&kv.value).ok())
+                    .filter(|e| keep(e))
+                    .map(Arc::new),
+            );
+            if workload.is_none() {
+                break;
+            }
+        }
+        out.truncate(limit);
+        Ok(out)
+    }
+}

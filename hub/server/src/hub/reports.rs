@@ -1,0 +1,223 @@
+//! What spokes report about workloads: started, exited, stopped — and the
+//! two outcomes of a report: re-queue (the spoke no longer runs it) and a
+//! confirmed stop.
+
+use axle_proto::pb;
+use tracing::warn;
+
+use super::Inner;
+use super::applier::Effects;
+use super::messages::stop_msg;
+use super::snapshot::spec_of;
+use super::workloads::transition;
+use crate::lifecycle::{WEvent, WState};
+
+impl Inner {
+    pub(super) fn status(
+        &mut self,
+        cluster: &str,
+        s: pb::WorkloadStatus,
+        fx: &mut Effects,
+        now: u64,
+    ) {
+        let id = s.workload_id;
+        let phase = pb::Phase::try_from(s.phase).unwrap_or(pb::Phase::Unspecified);
+        let Some(w) = self.workloads.get(&id) else {
+            fx.msgs.push((
+                cluster.to_string(),
+                stop_msg(
+                    id,
+                    s.epoch,
+                    pb::StopReason::Stale,
+                    0,
+                    "unknown workload".into(),
+                ),
+            ));
+            return;
+        };
+        let on_here = w.placement.as_ref().is_some_and(|p| p.cluster == cluster);
+        let current = w.epoch == s.epoch && w.state.holds_gpus() && on_here;
+        let stopping_here = w
+            .stopping
+            .as_ref()
+            .is_some_and(|st| st.epoch == s.epoch && st.cluster == cluster);
+        match phase {
+            pb::Phase::Started => {
+                if current && w.state == WState::Placed {
+                    let w = self.workloads.get_mut(&id).expect("exists");
+                    transition(w, WEvent::Started, now, format!("started on {cluster}"));
+                    w.started_at_ms = Some(now);
+                    self.save(fx, id);
+                    self.event(
+                        fx,
+                        now,
+                        "started",
+                        Some(id),
+                        Some(cluster),
+                        format!("workload {id} started on {cluster}"),
+                    );
+                } else if !current && !stopping_here {
+                    fx.msgs.push((
+                        cluster.to_string(),
+                        stop_msg(id, s.epoch, pb::StopReason::Stale, 0, "stale epoch".into()),
+                    ));
+                }
+            }
+            pb::Phase::Succeeded | pb::Phase::Failed => {
+                if stopping_here && phase == pb::Phase::Succeeded {
+                    // It finished on its own before the stop reached it: the
+                    // work is done, so it is not re-queued (nor cancelled).
+                    let w = self.workloads.get_mut(&id).expect("exists");
+                    w.stopping = None;
+                    transition(
+                        w,
+                        WEvent::Succeeded,
+                        now,
+                        "exited 0 before its stop took effect".into(),
+                    );
+                    w.finished_at_ms = Some(now);
+                    w.exit_code = Some(0);
+                    self.state.remove(id);
+                    self.save(fx, id);
+                    self.event(
+                        fx,
+                        now,
+                        "succeeded",
+                        Some(id),
+                        Some(cluster),
+                        format!("workload {id} exited 0 before its stop took effect"),
+                    );
+                    self.changed();
+                } else if stopping_here && !current {
+                    self.stopped(cluster, id, s.epoch, fx, now);
+                } else if current {
+                    let ok = phase == pb::Phase::Succeeded;
+                    let w = self.workloads.get_mut(&id).expect("exists");
+                    let reason = if ok {
+                        "exited 0".to_string()
+                    } else {
+                        format!(
+                            "failed: exit code {}{}",
+                            s.exit_code,
+                            if s.message.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" ({})", s.message)
+                            }
+                        )
+                    };
+                    transition(
+                        w,
+                        if ok {
+                            WEvent::Succeeded
+                        } else {
+                            WEvent::Failed
+                        },
+                        now,
+                        reason.clone(),
+                    );
+                    w.finished_at_ms = Some(now);
+                    w.exit_code = Some(s.exit_code);
+                    w.stopping = None;
+                    self.state.remove(id);
+                    self.save(fx, id);
+                    self.event(
+                        fx,
+                        now,
+                        if ok { "succeeded" } else { "failed" },
+                        Some(id),
+                        Some(cluster),
+                        format!("workload {id} {reason}"),
+                    );
+                    self.changed();
+                }
+            }
+            pb::Phase::Stopped => {
+                if stopping_here {
+                    self.stopped(cluster, id, s.epoch, fx, now);
+                } else if current {
+                    // Stopped without being asked (the spoke shut down): re-queue.
+                    self.requeue(
+                        fx,
+                        now,
+                        id,
+                        cluster,
+                        &format!("stopped on {cluster}: {}", s.message),
+                    );
+                }
+            }
+            pb::Phase::Unspecified => {}
+        }
+    }
+
+    /// Puts a placed or running workload back in the queue (its spoke no
+    /// longer runs it), with its original submit time.
+    pub(super) fn requeue(
+        &mut self,
+        fx: &mut Effects,
+        now: u64,
+        id: u64,
+        cluster: &str,
+        why: &str,
+    ) {
+        let Some(w) = self.workloads.get_mut(&id) else {
+            return;
+        };
+        if !transition(w, WEvent::Requeue, now, format!("re-queued: {why}")) {
+            return;
+        }
+        w.placement = None;
+        self.state.requeue(id);
+        self.save(fx, id);
+        self.event(
+            fx,
+            now,
+            "requeued",
+            Some(id),
+            Some(cluster),
+            format!("workload {id} re-queued: {why}"),
+        );
+        self.changed();
+    }
+
+    /// A requested stop is confirmed: a preempted workload may now run again,
+    /// a cancelled one is done.
+    pub(super) fn stopped(
+        &mut self,
+        cluster: &str,
+        id: u64,
+        epoch: u64,
+        fx: &mut Effects,
+        now: u64,
+    ) {
+        let Some(w) = self.workloads.get_mut(&id) else {
+            return;
+        };
+        let Some(st) = w.stopping.take() else { return };
+        if st.epoch != epoch {
+            w.stopping = Some(st);
+            return;
+        }
+        if st.cancel {
+            transition(w, WEvent::Cancel, now, "cancelled by user".into());
+            w.finished_at_ms = Some(now);
+            self.state.remove(id);
+            self.event(
+                fx,
+                now,
+                "cancelled",
+                Some(id),
+                Some(cluster),
+                format!("workload {id} cancelled"),
+            );
+        } else if w.state == WState::Pending {
+            // Preempted earlier; back in the queue with its original submit time.
+            let spec = spec_of(w);
+            if let Err(e) = self.state.submit(spec) {
+                warn!("workload {id} cannot re-queue: {e}");
+            }
+        }
+        self.save(fx, id);
+        self.changed();
+    }
+}

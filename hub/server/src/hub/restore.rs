@@ -1,0 +1,126 @@
+//! Restore: the applier's state from the store at start. Workloads and
+//! clusters are read in full (they are what the hub schedules); events only
+//! by their tail, through the index of their keys (sequence order), so
+//! start-up does not scan the audit log.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use axle_policy::Policy;
+use axle_scheduler::{Inventory, State};
+
+use super::spokes::{ClusterEntry, SpokeState};
+use super::{EVENTS_IN_MEMORY, Inner, Workloads};
+use crate::records::*;
+use crate::store::Store;
+
+pub(super) fn load(store: &dyn Store, policy: Arc<Policy>, now: u64) -> anyhow::Result<Inner> {
+    let mut workloads = Workloads::default();
+    let mut finished = BTreeSet::new();
+    for kv in store.range(WORKLOADS)? {
+        let w: WorkloadRecord = serde_json::from_slice(&kv.value)
+            .map_err(|e| anyhow::anyhow!("corrupt record {}: {e}", kv.key))?;
+        if w.state.is_terminal() {
+            finished.insert((w.finished_at_ms.unwrap_or(w.submitted_at_ms), w.id));
+        }
+        workloads.insert(w);
+    }
+    let mut clusters = BTreeMap::new();
+    for kv in store.range(CLUSTERS)? {
+        let c: ClusterRecord = serde_json::from_slice(&kv.value)
+            .map_err(|e| anyhow::anyhow!("corrupt record {}: {e}", kv.key))?;
+        let mut entry = ClusterEntry::new(SpokeState::Disconnected, now);
+        entry.region = c.region;
+        entry.labels = c.labels;
+        entry.nodes = c.nodes;
+        entry.driver = c.driver;
+        entry.default_image = c.default_image;
+        clusters.insert(c.name.clone(), entry);
+    }
+    add_declared_clusters(&policy, &mut clusters);
+    let mut events = imbl::Vector::new();
+    let tail = store.range_tail(EVENTS, EVENTS_IN_MEMORY)?;
+    let (oldest_event, oldest_event_at_ms) = match store.range_page(EVENTS, None, 1)?.first() {
+        Some(kv) => match serde_json::from_slice::<EventRecord>(&kv.value) {
+            Ok(e) => (e.seq, e.at_ms),
+            // Undecodable: retention looks at it (and deletes it) first.
+            Err(_) => (1, 0),
+        },
+        None => (1, u64::MAX),
+    };
+    let mut next_event = 1;
+    for kv in tail {
+        if let Ok(e) = serde_json::from_slice::<EventRecord>(&kv.value) {
+            next_event = next_event.max(e.seq + 1);
+            events.push_back(Arc::new(e));
+        }
+    }
+    let next_id = workloads.last_id().map(|id| id + 1).unwrap_or(1);
+    let idem = workloads
+        .values()
+        .filter_map(|w| {
+            w.idempotency_key
+                .as_ref()
+                .map(|k| ((w.team.clone(), k.clone()), w.id))
+        })
+        .collect();
+    let state = State::new(policy.clone(), &Inventory::default());
+    Ok(Inner {
+        policy,
+        state,
+        clusters,
+        workloads,
+        reasons: imbl::OrdMap::new(),
+        idem,
+        next_id,
+        next_event,
+        events,
+        burst_noted: BTreeSet::new(),
+        started_ms: now,
+        dirty: true,
+        explain_stale: true,
+        last_explain_ms: 0,
+        finished,
+        oldest_event,
+        oldest_event_at_ms,
+    })
+}
+
+/// Adds every cluster the policy declares and no spoke has registered yet,
+/// with the capacity [`axle_scheduler::inventory::declared`] expands it to
+/// (the same nodes the simulator plans on).
+pub(super) fn add_declared_clusters(
+    policy: &Policy,
+    clusters: &mut BTreeMap<String, ClusterEntry>,
+) {
+    for c in axle_scheduler::inventory::declared(policy).clusters {
+        if clusters.contains_key(&c.name) {
+            continue;
+        }
+        let nodes = c
+            .nodes
+            .iter()
+            .map(|n| NodeRecord {
+                name: n.name.clone(),
+                gpus: (0..n.gpu_count)
+                    .map(|index| GpuRecord {
+                        index,
+                        model: n.gpu_model.clone(),
+                        memory_mb: n.gpu_memory_mb,
+                        fractions_only: n.fractions_only,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let labels = policy
+            .clusters
+            .get(&c.name)
+            .map(|p| p.labels.clone())
+            .unwrap_or_default();
+        let mut entry = ClusterEntry::new(SpokeState::Declared, 0);
+        entry.region = c.region;
+        entry.labels = labels;
+        entry.nodes = nodes;
+        clusters.insert(c.name, entry);
+    }
+}

@@ -1,0 +1,155 @@
+//! Records ↔ the scheduler's state: the inventory the scheduler plans on
+//! (from the clusters' records and their spokes' states), the workload
+//! spec of a record, and the rebuild of `State` from the records after a
+//! start or an inventory change.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axle_policy::Milli;
+use axle_scheduler::{
+    Allocation, ClusterInventory, Inventory, NodeInventory, Shard, State, WorkloadSpec,
+};
+use tracing::warn;
+
+use super::Inner;
+use super::applier::Effects;
+use super::workloads::transition;
+use crate::lifecycle::{WEvent, WState};
+use crate::records::*;
+
+pub(super) fn spec_of(w: &WorkloadRecord) -> WorkloadSpec {
+    WorkloadSpec {
+        id: w.id,
+        team: w.team.clone(),
+        priority_class: w.priority.clone(),
+        gpus_per_replica: Milli(w.gpus_milli),
+        replicas: w.replicas,
+        gpu_model: w.gpu_model.clone(),
+        regions: w.regions.clone(),
+        allow_spread: w.allow_spread,
+        burst_allowed: w.burst_allowed,
+        submit_time_ms: w.submitted_at_ms,
+        checkpoint_interval_s: w.checkpoint_interval_s,
+        max_runtime_s: w.max_runtime_s,
+        has_image: w.image.is_some(),
+    }
+}
+
+impl Inner {
+    pub(super) fn inventory(&self) -> Inventory {
+        Inventory {
+            clusters: self
+                .clusters
+                .iter()
+                .map(|(name, c)| ClusterInventory {
+                    name: name.clone(),
+                    region: c.region.clone(),
+                    schedulable: c.session.schedulable(),
+                    // Jobs need an image: without a default, image-less
+                    // workloads go elsewhere.
+                    needs_image: c.runs_images()
+                        && c.default_image.is_none()
+                        && self
+                            .policy
+                            .clusters
+                            .get(name)
+                            .is_none_or(|p| p.default_image.is_none()),
+                    nodes: c
+                        .nodes
+                        .iter()
+                        .flat_map(|n| {
+                            // One inventory node per GPU model on the node.
+                            let mut by_model: BTreeMap<&str, (u32, u64, bool)> = BTreeMap::new();
+                            for g in &n.gpus {
+                                let e = by_model.entry(&g.model).or_insert((0, g.memory_mb, false));
+                                e.0 = e.0.max(g.index + 1);
+                                e.2 |= g.fractions_only;
+                            }
+                            by_model
+                                .into_iter()
+                                .map(|(m, (count, mem, fractions_only))| NodeInventory {
+                                    name: n.name.clone(),
+                                    gpu_model: m.to_string(),
+                                    gpu_count: count,
+                                    gpu_memory_mb: mem,
+                                    fractions_only,
+                                })
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Maps a stored placement onto the current inventory's indices.
+    fn allocation_of(&self, inv: &Inventory, p: &PlacementRecord) -> Option<Allocation> {
+        let ci = inv.clusters.iter().position(|c| c.name == p.cluster)?;
+        let c = &inv.clusters[ci];
+        let replicas = p
+            .replicas
+            .iter()
+            .map(|r| {
+                r.shards
+                    .iter()
+                    .map(|(node, gpu, milli)| {
+                        let ni = c.nodes.iter().position(|n| &n.name == node)?;
+                        Some(Shard {
+                            node: ni as u32,
+                            gpu: *gpu,
+                            milli: Milli(u64::from(*milli)),
+                        })
+                    })
+                    .collect::<Option<Vec<Shard>>>()
+            })
+            .collect::<Option<Vec<Vec<Shard>>>>()?;
+        Some(Allocation {
+            cluster: ci as u32,
+            replicas,
+        })
+    }
+
+    /// Rebuilds the scheduler state from the records (after start, or when
+    /// inventory or policy changes).
+    pub(super) fn rebuild(&mut self, fx: &mut Effects, now: u64) {
+        let inv = self.inventory();
+        let mut state = State::new(self.policy.clone(), &inv);
+        let ids: Vec<u64> = self.workloads.keys().collect();
+        for id in ids {
+            let w = &self.workloads[&id];
+            if w.state.holds_gpus() {
+                let alloc = w
+                    .placement
+                    .as_ref()
+                    .and_then(|p| self.allocation_of(&inv, p));
+                let started = w.started_at_ms.unwrap_or(w.submitted_at_ms);
+                let res = match alloc {
+                    Some(a) => state
+                        .start(Arc::new(spec_of(w)), a, started)
+                        .map_err(|e| e.to_string()),
+                    None => Err("its placement no longer exists".to_string()),
+                };
+                if let Err(e) = res {
+                    let w = self.workloads.get_mut(&id).expect("listed id");
+                    warn!("workload {id}: cannot restore placement: {e}; re-queueing");
+                    transition(w, WEvent::Requeue, now, format!("re-queued: {e}"));
+                    w.placement = None;
+                    let _ = state.submit(spec_of(w));
+                    self.save(fx, id);
+                }
+            } else if w.state == WState::Pending
+                && w.stopping.is_none()
+                && let Err(e) = state.submit(spec_of(w))
+            {
+                let w = self.workloads.get_mut(&id).expect("listed id");
+                let msg = format!("no longer valid under policy {}: {e}", self.policy.revision);
+                transition(w, WEvent::Cancel, now, msg.clone());
+                w.finished_at_ms = Some(now);
+                self.save(fx, id);
+                self.event(fx, now, "cancelled", Some(id), None, msg);
+            }
+        }
+        self.state = state;
+        self.changed();
+    }
+}

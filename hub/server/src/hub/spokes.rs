@@ -1,0 +1,651 @@
+//! Spokes: one [`SpokeState`] per cluster with one transition function,
+//! registration (inventory, the spoke's view of what runs), heartbeats, and
+//! liveness (a silent spoke is lost; its work is released once the spoke
+//! has surely fenced itself).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use axle_proto::pb;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::applier::Effects;
+use super::messages::{grace_of, stop_msg};
+use super::workloads::transition;
+use super::{FENCE_MARGIN_MS, HEARTBEAT_INTERVAL_MS, HubConfig, HubError, Inner};
+use crate::lifecycle::{WEvent, WState};
+use crate::records::*;
+
+/// A spoke's outbound stream: what the hub sends it, in order.
+pub type SpokeTx = mpsc::Sender<pb::HubMessage>;
+
+/// Where a cluster's spoke stands.
+#[derive(Debug, Clone)]
+pub enum SpokeState {
+    /// Declared in the policy; no spoke has registered (or none since the
+    /// store was created).
+    Declared,
+    /// A live session: work is placed here.
+    Connected { conn: u64, tx: SpokeTx },
+    /// Registered before, no session now (its stream ended, or the hub
+    /// restarted): nothing new goes there; its work waits to be adopted.
+    Disconnected,
+    /// Silent past `spokeLostAfter`: nothing new goes there, and its work is
+    /// released once the spoke has surely fenced itself. A session that is
+    /// still open may bring it back with a heartbeat.
+    Lost { session: Option<(u64, SpokeTx)> },
+}
+
+/// What happens to a spoke.
+#[derive(Debug, Clone)]
+pub enum SpokeEvent {
+    /// A session registered (durably).
+    Register { conn: u64, tx: SpokeTx },
+    /// A heartbeat arrived on session `conn`.
+    Heartbeat { conn: u64 },
+    /// Session `conn`'s stream ended.
+    StreamEnded { conn: u64 },
+    /// No heartbeat for `spokeLostAfter`.
+    Silent,
+}
+
+/// The event does not apply in that state (a message from a replaced
+/// session, silence of a cluster that never had a spoke): nothing changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("spoke event {event} does not apply in state {state}")]
+pub struct Ignored {
+    pub state: &'static str,
+    pub event: &'static str,
+}
+
+impl SpokeState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            SpokeState::Declared => "Declared",
+            SpokeState::Connected { .. } => "Ready",
+            SpokeState::Disconnected => "Disconnected",
+            SpokeState::Lost { .. } => "Lost",
+        }
+    }
+
+    /// New work may be placed on the cluster.
+    pub fn schedulable(&self) -> bool {
+        matches!(self, SpokeState::Connected { .. })
+    }
+
+    /// The open session, if any: its id and sender.
+    pub fn session(&self) -> Option<(u64, &SpokeTx)> {
+        match self {
+            SpokeState::Connected { conn, tx }
+            | SpokeState::Lost {
+                session: Some((conn, tx)),
+            } => Some((*conn, tx)),
+            _ => None,
+        }
+    }
+
+    pub fn sender(&self) -> Option<&SpokeTx> {
+        self.session().map(|(_, tx)| tx)
+    }
+
+    /// A spoke registered at some point (else the nodes are only declared).
+    pub fn registered(&self) -> bool {
+        !matches!(self, SpokeState::Declared)
+    }
+
+    pub fn is_lost(&self) -> bool {
+        matches!(self, SpokeState::Lost { .. })
+    }
+}
+
+impl SpokeEvent {
+    fn name(&self) -> &'static str {
+        match self {
+            SpokeEvent::Register { .. } => "Register",
+            SpokeEvent::Heartbeat { .. } => "Heartbeat",
+            SpokeEvent::StreamEnded { .. } => "StreamEnded",
+            SpokeEvent::Silent => "Silent",
+        }
+    }
+}
+
+/// The one transition function of a spoke.
+pub fn step(state: &SpokeState, event: SpokeEvent) -> Result<SpokeState, Ignored> {
+    use SpokeEvent as E;
+    use SpokeState as S;
+    let ignored = Ignored {
+        state: state.name(),
+        event: event.name(),
+    };
+    let current = |c: u64| state.session().is_some_and(|(s, _)| s == c);
+    match (state, event) {
+        // A new session replaces whatever was there.
+        (_, E::Register { conn, tx }) => Ok(S::Connected { conn, tx }),
+        (S::Connected { .. }, E::Heartbeat { conn }) if current(conn) => Ok(state.clone()),
+        // A lost spoke that speaks again is back.
+        (
+            S::Lost {
+                session: Some((c, tx)),
+            },
+            E::Heartbeat { conn },
+        ) if *c == conn => Ok(S::Connected {
+            conn,
+            tx: tx.clone(),
+        }),
+        (S::Connected { .. }, E::StreamEnded { conn }) if current(conn) => Ok(S::Disconnected),
+        (S::Lost { .. }, E::StreamEnded { conn }) if current(conn) => Ok(S::Lost { session: None }),
+        (S::Connected { conn, tx }, E::Silent) => Ok(S::Lost {
+            session: Some((*conn, tx.clone())),
+        }),
+        (S::Disconnected, E::Silent) => Ok(S::Lost { session: None }),
+        _ => Err(ignored),
+    }
+}
+
+/// A cluster the hub knows: declared in policy, registered by a spoke, or both.
+pub(super) struct ClusterEntry {
+    pub region: String,
+    pub labels: BTreeMap<String, String>,
+    pub nodes: Vec<NodeRecord>,
+    pub session: SpokeState,
+    pub last_seen_ms: u64,
+    /// Running workloads the spoke did not list when it registered; if the
+    /// next heartbeat does not list them either, they are gone.
+    pub unconfirmed: BTreeSet<u64>,
+    /// How its spoke runs work: `local`, `kubernetes` (empty: never said).
+    pub driver: String,
+    /// The spoke's image for workloads that name none.
+    pub default_image: Option<String>,
+}
+
+impl ClusterEntry {
+    pub fn new(session: SpokeState, last_seen_ms: u64) -> ClusterEntry {
+        ClusterEntry {
+            region: String::new(),
+            labels: BTreeMap::new(),
+            nodes: Vec::new(),
+            session,
+            last_seen_ms,
+            unconfirmed: BTreeSet::new(),
+            driver: String::new(),
+            default_image: None,
+        }
+    }
+
+    /// A cluster that runs container images (Kubernetes Jobs).
+    pub fn runs_images(&self) -> bool {
+        self.driver == "kubernetes"
+    }
+}
+
+impl Inner {
+    /// Applies `event` to `cluster`'s spoke; rebuilds the scheduler's view
+    /// when whether it takes work changed. False when the event was ignored.
+    pub(super) fn spoke_step(
+        &mut self,
+        cluster: &str,
+        event: SpokeEvent,
+        fx: &mut Effects,
+        now: u64,
+    ) -> bool {
+        let Some(c) = self.clusters.get_mut(cluster) else {
+            return false;
+        };
+        match step(&c.session, event) {
+            Ok(next) => {
+                let was = c.session.schedulable();
+                c.session = next;
+                if was != c.session.schedulable() {
+                    self.rebuild(fx, now);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    pub(super) fn is_current(&self, cluster: &str, conn: u64) -> bool {
+        self.clusters
+            .get(cluster)
+            .and_then(|c| c.session.session())
+            .is_some_and(|(id, _)| id == conn)
+    }
+
+    pub(super) fn register(
+        &mut self,
+        cfg: &HubConfig,
+        r: pb::Register,
+        conn: u64,
+        tx: SpokeTx,
+        fx: &mut Effects,
+        now: u64,
+    ) -> Result<(), HubError> {
+        if let Some(token) = &cfg.spoke_token
+            && r.token != *token
+        {
+            warn!("spoke for cluster {:?} presented a wrong token", r.cluster);
+            return Err(HubError::Unauthenticated(
+                "wrong or missing spoke token; start the spoke with --token (or AXLE_SPOKE_TOKEN) set to the hub's --spoke-token".into(),
+            ));
+        }
+        if r.cluster.is_empty() {
+            return Err(HubError::bad(
+                "register: cluster name is empty",
+                Some("cluster"),
+            ));
+        }
+        if !self.policy.clusters.is_empty() && !self.policy.clusters.contains_key(&r.cluster) {
+            return Err(HubError::PermissionDenied(format!(
+                "cluster {:?} is not declared in the policy (known: {}); add a Cluster document first",
+                r.cluster,
+                self.policy
+                    .clusters
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        let mut nodes = Vec::new();
+        for n in &r.nodes {
+            if n.name.is_empty() || n.gpus.is_empty() {
+                return Err(HubError::bad(
+                    format!("register: node {:?} has no name or no GPUs", n.name),
+                    Some("nodes"),
+                ));
+            }
+            nodes.push(NodeRecord {
+                name: n.name.clone(),
+                gpus: n
+                    .gpus
+                    .iter()
+                    .map(|g| GpuRecord {
+                        index: g.index,
+                        model: g.model.clone(),
+                        memory_mb: g.memory_mb,
+                        fractions_only: g.fractions_only,
+                    })
+                    .collect(),
+            });
+        }
+        let record = ClusterRecord {
+            v: RECORD_VERSION,
+            name: r.cluster.clone(),
+            region: if r.region.is_empty() {
+                self.policy
+                    .clusters
+                    .get(&r.cluster)
+                    .map(|c| c.region.clone())
+                    .unwrap_or_default()
+            } else {
+                r.region.clone()
+            },
+            labels: r.labels.clone().into_iter().collect(),
+            nodes,
+            driver: r.driver.clone(),
+            default_image: Some(r.default_image.clone()).filter(|i| !i.is_empty()),
+        };
+        fx.put(cluster_key(&r.cluster), &record);
+        let entry = self
+            .clusters
+            .entry(r.cluster.clone())
+            .or_insert_with(|| ClusterEntry::new(SpokeState::Declared, now));
+        entry.driver = record.driver.clone();
+        entry.default_image = record.default_image.clone();
+        entry.region = record.region.clone();
+        entry.labels = record.labels.clone();
+        entry.nodes = record.nodes.clone();
+        entry.last_seen_ms = now;
+        entry.unconfirmed.clear();
+        entry.session = step(&entry.session, SpokeEvent::Register { conn, tx })
+            .expect("a registration applies in every state");
+        let gpus: usize = record.nodes.iter().map(|n| n.gpus.len()).sum();
+        info!(
+            "spoke {} registered: {} nodes, {gpus} GPUs",
+            r.cluster,
+            record.nodes.len()
+        );
+        self.event(
+            fx,
+            now,
+            "spoke_registered",
+            None,
+            Some(&r.cluster),
+            format!(
+                "spoke {} registered with {} nodes, {gpus} GPUs",
+                r.cluster,
+                record.nodes.len()
+            ),
+        );
+        // First on the new session's stream, and like everything else sent
+        // only once the registration is durable. What this batch queued for
+        // the replaced session is dropped: the reconcile below re-sends
+        // what still applies (assigns of placed work, pending stops).
+        fx.msgs.retain(|(c, _)| c != &r.cluster);
+        fx.msgs.push((
+            r.cluster.clone(),
+            pb::HubMessage {
+                msg: Some(pb::hub_message::Msg::Registered(pb::Registered {
+                    cluster: r.cluster.clone(),
+                    heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS,
+                    fence_after_ms: self.policy.settings.spoke_lost_after_s * 1000,
+                    teams: crate::isolation::teams_for(&self.policy, &record.nodes),
+                    priority_classes: crate::isolation::priority_classes(&self.policy),
+                })),
+            },
+        ));
+        self.rebuild(fx, now);
+        self.reconcile_running(&r.cluster, &r.running, true, fx, now);
+        Ok(())
+    }
+
+    /// Compares what a spoke runs with what the hub assigned to it.
+    pub(super) fn reconcile_running(
+        &mut self,
+        cluster: &str,
+        running: &[pb::RunningWorkload],
+        registering: bool,
+        fx: &mut Effects,
+        now: u64,
+    ) {
+        let reported: BTreeMap<u64, u64> =
+            running.iter().map(|r| (r.workload_id, r.epoch)).collect();
+        for (&id, &epoch) in &reported {
+            let current = self.workloads.get(&id).is_some_and(|w| {
+                w.epoch == epoch
+                    && w.state.holds_gpus()
+                    && w.placement.as_ref().is_some_and(|p| p.cluster == cluster)
+            });
+            let stopping = self.workloads.get(&id).and_then(|w| w.stopping.clone());
+            if current {
+                let w = self.workloads.get_mut(&id).expect("checked");
+                if w.state == WState::Placed {
+                    transition(
+                        w,
+                        WEvent::Started,
+                        now,
+                        format!("adopted: running on {cluster}"),
+                    );
+                    w.started_at_ms.get_or_insert(now);
+                    self.save(fx, id);
+                }
+                if let Some(s) = stopping
+                    && s.epoch == epoch
+                {
+                    // Re-send the stop that may have been lost.
+                    self.request_stop(fx, id, &s, "stop".into());
+                }
+            } else if let Some(s) = stopping.filter(|s| s.epoch == epoch && s.cluster == cluster) {
+                self.request_stop(fx, id, &s, "stop".into());
+            } else {
+                // Fencing: the spoke runs an epoch the hub no longer wants.
+                warn!(
+                    "spoke {cluster} runs workload {id} epoch {epoch}, which is stale; stopping it"
+                );
+                fx.msgs.push((
+                    cluster.to_string(),
+                    stop_msg(
+                        id,
+                        epoch,
+                        pb::StopReason::Stale,
+                        0,
+                        "stale epoch: the workload was re-queued or finished".into(),
+                    ),
+                ));
+                self.event(
+                    fx,
+                    now,
+                    "fenced",
+                    Some(id),
+                    Some(cluster),
+                    format!(
+                        "stale copy of workload {id} (epoch {epoch}) on {cluster} told to stop"
+                    ),
+                );
+            }
+        }
+        // Assigned here but not reported.
+        let ids: Vec<u64> = self
+            .workloads
+            .values()
+            .filter(|w| {
+                w.state.holds_gpus() && w.placement.as_ref().is_some_and(|p| p.cluster == cluster)
+            })
+            .map(|w| w.id)
+            .filter(|id| !reported.contains_key(id))
+            .collect();
+        for id in ids {
+            let w = &self.workloads[&id];
+            if w.stopping.is_some() {
+                // It was being stopped and is gone: the stop is done.
+                let epoch = w.epoch;
+                self.stopped(cluster, id, epoch, fx, now);
+            } else if w.state == WState::Placed {
+                let msg = self.assign_msg(id);
+                fx.msgs.push((cluster.to_string(), msg));
+            } else if registering {
+                if let Some(c) = self.clusters.get_mut(cluster) {
+                    c.unconfirmed.insert(id);
+                }
+            } else {
+                self.requeue(
+                    fx,
+                    now,
+                    id,
+                    cluster,
+                    &format!("spoke {cluster} no longer runs it"),
+                );
+            }
+        }
+    }
+
+    pub(super) fn heartbeat(
+        &mut self,
+        cluster: &str,
+        conn: u64,
+        hb: pb::Heartbeat,
+        fx: &mut Effects,
+        now: u64,
+    ) {
+        if !self.is_current(cluster, conn) {
+            return;
+        }
+        if let Some(c) = self.clusters.get_mut(cluster) {
+            c.last_seen_ms = now;
+        }
+        self.spoke_step(cluster, SpokeEvent::Heartbeat { conn }, fx, now);
+        // The spoke fences itself when these stop coming.
+        fx.msgs.push((
+            cluster.to_string(),
+            pb::HubMessage {
+                msg: Some(pb::hub_message::Msg::HeartbeatAck(pb::HeartbeatAck {})),
+            },
+        ));
+        let unconfirmed =
+            std::mem::take(&mut self.clusters.get_mut(cluster).expect("current").unconfirmed);
+        if !unconfirmed.is_empty() {
+            let reported: BTreeSet<u64> = hb.running.iter().map(|r| r.workload_id).collect();
+            for id in unconfirmed {
+                if reported.contains(&id) {
+                    continue;
+                }
+                let Some(w) = self.workloads.get(&id) else {
+                    continue;
+                };
+                if w.state == WState::Running
+                    && w.placement.as_ref().is_some_and(|p| p.cluster == cluster)
+                {
+                    self.requeue(
+                        fx,
+                        now,
+                        id,
+                        cluster,
+                        &format!("spoke {cluster} restarted without it"),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Marks silent spokes lost and releases the work of lost spokes once
+    /// they have surely stopped it.
+    pub(super) fn liveness(&mut self, fx: &mut Effects, now: u64) {
+        let lost_after = self.policy.settings.spoke_lost_after_s * 1000;
+        let started = self.started_ms;
+        let silent_ms = |c: &ClusterEntry| now.saturating_sub(c.last_seen_ms.max(started));
+        // 1. A spoke silent past the timeout is lost: no new work goes there.
+        let newly_lost: Vec<String> = self
+            .clusters
+            .iter()
+            .filter(|(_, c)| {
+                matches!(
+                    c.session,
+                    SpokeState::Connected { .. } | SpokeState::Disconnected
+                ) && silent_ms(c) >= lost_after
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &newly_lost {
+            if let Some(c) = self.clusters.get_mut(name) {
+                c.session =
+                    step(&c.session, SpokeEvent::Silent).unwrap_or(SpokeState::Disconnected);
+            }
+        }
+        for cluster in &newly_lost {
+            warn!("spoke {cluster} silent for {lost_after} ms: lost");
+            self.event(
+                fx,
+                now,
+                "spoke_lost",
+                None,
+                Some(cluster),
+                format!(
+                    "spoke {cluster} silent for {}s: marked lost",
+                    lost_after / 1000
+                ),
+            );
+        }
+        // 2. Its workloads are released once the spoke has surely stopped
+        // them: a spoke cut off from the hub fences itself after the same
+        // timeout and gives each workload its grace period.
+        let due: Vec<(u64, String)> = self
+            .workloads
+            .values()
+            .filter_map(|w| {
+                let cluster = match (&w.stopping, &w.placement) {
+                    (Some(s), _) => &s.cluster,
+                    (None, Some(p)) if w.state.holds_gpus() => &p.cluster,
+                    _ => return None,
+                };
+                let c = self.clusters.get(cluster).filter(|c| c.session.is_lost())?;
+                let release_after =
+                    lost_after + grace_of(&self.policy, &w.priority) * 1000 + FENCE_MARGIN_MS;
+                (silent_ms(c) >= release_after).then(|| (w.id, cluster.clone()))
+            })
+            .collect();
+        for (id, cluster) in &due {
+            let w = self.workloads.get_mut(id).expect("listed");
+            let stopping = w.stopping.take();
+            let why = format!("spoke {cluster} lost");
+            if stopping.as_ref().is_some_and(|s| s.cancel) {
+                transition(w, WEvent::Cancel, now, format!("cancelled ({why})"));
+                w.finished_at_ms = Some(now);
+            } else if w.state.holds_gpus() {
+                transition(w, WEvent::Requeue, now, format!("re-queued: {why}"));
+                w.placement = None;
+            }
+            self.save(fx, *id);
+            self.event(
+                fx,
+                now,
+                "requeued",
+                Some(*id),
+                Some(cluster),
+                format!("workload {id} re-queued: {why}"),
+            );
+        }
+        if !newly_lost.is_empty() || !due.is_empty() {
+            self.rebuild(fx, now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tx() -> SpokeTx {
+        mpsc::channel(1).0
+    }
+
+    fn states() -> Vec<SpokeState> {
+        vec![
+            SpokeState::Declared,
+            SpokeState::Connected { conn: 1, tx: tx() },
+            SpokeState::Disconnected,
+            SpokeState::Lost {
+                session: Some((1, tx())),
+            },
+            SpokeState::Lost { session: None },
+        ]
+    }
+
+    fn events() -> Vec<SpokeEvent> {
+        vec![
+            SpokeEvent::Register { conn: 2, tx: tx() },
+            SpokeEvent::Heartbeat { conn: 1 },
+            SpokeEvent::Heartbeat { conn: 2 },
+            SpokeEvent::StreamEnded { conn: 1 },
+            SpokeEvent::StreamEnded { conn: 2 },
+            SpokeEvent::Silent,
+        ]
+    }
+
+    /// What a state reads as, with its session: `Ready(1)`, `Lost(-)`.
+    fn show(s: &SpokeState) -> String {
+        match s.session() {
+            Some((c, _)) => format!("{}({c})", s.name()),
+            None if s.is_lost() => "Lost(-)".into(),
+            None => s.name().into(),
+        }
+    }
+
+    #[test]
+    fn every_state_and_event_pair_is_decided() {
+        // Rows: states(); columns: events(). "-" means ignored.
+        let want = [
+            // Register2  Hb1          Hb2  End1            End2  Silent
+            ["Ready(2)", "-", "-", "-", "-", "-"], // Declared
+            ["Ready(2)", "Ready(1)", "-", "Disconnected", "-", "Lost(1)"], // Ready(1)
+            ["Ready(2)", "-", "-", "-", "-", "Lost(-)"], // Disconnected
+            ["Ready(2)", "Ready(1)", "-", "Lost(-)", "-", "-"], // Lost(1)
+            ["Ready(2)", "-", "-", "-", "-", "-"], // Lost(-)
+        ];
+        for (i, s) in states().iter().enumerate() {
+            for (j, e) in events().into_iter().enumerate() {
+                let got = match step(s, e.clone()) {
+                    Ok(next) => show(&next),
+                    Err(ignored) => {
+                        assert_eq!(ignored.state, s.name());
+                        "-".into()
+                    }
+                };
+                assert_eq!(got, want[i][j], "{} + {e:?}", show(s));
+            }
+        }
+    }
+
+    #[test]
+    fn only_a_connected_spoke_takes_work() {
+        for s in states() {
+            assert_eq!(
+                s.schedulable(),
+                matches!(s, SpokeState::Connected { .. }),
+                "{}",
+                show(&s)
+            );
+        }
+        assert!(!SpokeState::Declared.registered());
+        assert!(SpokeState::Disconnected.registered());
+    }
+}
