@@ -21,6 +21,8 @@ use crate::workload_cmd::default_idempotency_key;
 /// Most concurrent submitters: each holds one HTTP connection, and 512 stays
 /// well inside the common 1024 open-file limit with room for the rest.
 const MAX_CONCURRENCY: u64 = 512;
+/// Most list pollers: each holds one connection, like a submitter.
+const MAX_POLLERS: u64 = 256;
 /// Most jobs per run: the bench keeps every view in memory, and a million
 /// covers any realistic hub test while bounding that.
 const MAX_JOBS: u64 = 1_000_000;
@@ -66,6 +68,17 @@ pub struct BenchSubmitArgs {
     /// GPU model (default: any).
     #[arg(long)]
     gpu_model: Option<String>,
+    /// Clients listing every workload page by page, as fast as they can,
+    /// while the submits run: reads must not slow writes down.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=MAX_POLLERS))]
+    pollers: u64,
+    /// Items per page the pollers ask for.
+    #[arg(long, default_value_t = 500)]
+    poll_limit: usize,
+    /// Only submit: print the acknowledged submit rate and do not wait for
+    /// the jobs to run (for filling a hub, or a hub without spokes).
+    #[arg(long)]
+    no_wait: bool,
     /// Give up waiting for the jobs after this long.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_s, default_value = "30m")]
     timeout: u64,
@@ -225,9 +238,39 @@ pub async fn run(client: &Client, cmd: BenchCommand) -> anyhow::Result<ExitCode>
         }
     );
     let start = Instant::now();
-    let (ids, submit_latencies_ms) =
-        submit_all(client, &template, a.jobs, a.concurrency, a.rate, start).await?;
+    let stop_polling = Arc::new(AtomicBool::new(false));
+    let pollers = start_pollers(client, a.pollers, a.poll_limit, stop_polling.clone());
+    let submitted = submit_all(client, &template, a.jobs, a.concurrency, a.rate, start).await;
     let submit_s = start.elapsed().as_secs_f64();
+    stop_polling.store(true, Ordering::Relaxed);
+    let polls = pollers.join_all().await;
+    let (ids, submit_latencies_ms) = submitted?;
+    if a.pollers > 0 {
+        let mut pages = Vec::new();
+        for p in polls {
+            pages.extend(p?);
+        }
+        let pages = sorted(pages);
+        println!(
+            "pollers={} pages={} page_p50_ms={:.1} page_p99_ms={:.1} page_max_ms={:.1}",
+            a.pollers,
+            pages.len(),
+            percentile(&pages, 50.0).unwrap_or(0.0),
+            percentile(&pages, 99.0).unwrap_or(0.0),
+            pages.last().copied().unwrap_or(0.0)
+        );
+    }
+    if a.no_wait {
+        let lat = sorted(submit_latencies_ms);
+        println!(
+            "submitted={} submit_s={submit_s:.3} submits_per_s={:.1} submit_p50_ms={:.1} submit_p99_ms={:.1}",
+            ids.len(),
+            ids.len() as f64 / submit_s.max(1e-9),
+            percentile(&lat, 50.0).unwrap_or(0.0),
+            percentile(&lat, 99.0).unwrap_or(0.0)
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     eprintln!(
         "bench: submitted {} in {submit_s:.2}s ({:.1}/s); waiting for them to finish",
         ids.len(),
@@ -251,6 +294,32 @@ pub async fn run(client: &Client, cmd: BenchCommand) -> anyhow::Result<ExitCode>
         .into());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `n` tasks that walk the whole workload list page by page, over and over,
+/// until `stop`; each returns its page latencies in ms.
+fn start_pollers(
+    client: &Client,
+    n: u64,
+    limit: usize,
+    stop: Arc<AtomicBool>,
+) -> JoinSet<anyhow::Result<Vec<f64>>> {
+    let mut set = JoinSet::new();
+    for _ in 0..n {
+        let (client, stop) = (client.clone(), stop.clone());
+        set.spawn(async move {
+            let mut out = Vec::new();
+            let mut token: Option<String> = None;
+            while !stop.load(Ordering::Relaxed) {
+                let sent = Instant::now();
+                let page = client.workload_page(limit, token.as_deref()).await?;
+                out.push(sent.elapsed().as_secs_f64() * 1000.0);
+                token = page.continue_token;
+            }
+            Ok(out)
+        });
+    }
+    set
 }
 
 /// Submits `jobs` copies of `template` with `concurrency` tasks sharing one

@@ -281,6 +281,19 @@ impl Client {
         }
     }
 
+    /// One page of `GET /api/v1/workloads` (all teams), after `token`.
+    pub async fn workload_page(
+        &self,
+        limit: usize,
+        token: Option<&str>,
+    ) -> Result<WorkloadList, ClientError> {
+        let mut q = vec![("limit", limit.to_string())];
+        if let Some(t) = token {
+            q.push(("continue", t.to_string()));
+        }
+        self.get("api/v1/workloads", &q).await
+    }
+
     /// `GET /api/v1/workloads/{id}`.
     pub async fn workload(&self, id: u64) -> Result<WorkloadView, ClientError> {
         self.get(&format!("api/v1/workloads/{id}"), &[]).await

@@ -342,13 +342,13 @@ pub struct SettingsSpec {
     /// GPU models beyond the built-in list.
     #[serde(default)]
     pub gpu_classes: Vec<Loc<String>>,
-    /// Hours a finished workload (its record, events and logs) is kept
-    /// before it is deleted (default 168, one week).
+    /// Hours a finished workload (its record and logs) is kept before it is
+    /// deleted (default 168, one week; fractions allowed, at least a minute).
     #[serde(default)]
-    pub retain_finished_hours: Option<Loc<u64>>,
-    /// Days the audit event log is kept (default 90).
+    pub retain_finished_hours: Option<Loc<f64>>,
+    /// Days events are kept (default 90; fractions allowed, at least a minute).
     #[serde(default)]
-    pub retain_events_days: Option<Loc<u64>>,
+    pub retain_events_days: Option<Loc<f64>>,
     /// Bytes of log kept per workload run, on the hub and on the spoke: the
     /// head and the most recent tail, with a line saying what was cut
     /// (default 67108864, 64 MiB).

@@ -298,10 +298,11 @@ pub struct Settings {
     pub cross_team_preemption: CrossTeamPreemption,
     /// Known GPU classes (built-ins plus `gpuClasses` from the file).
     pub gpu_classes: Vec<String>,
-    /// Finished workloads are deleted (record, events, logs) this long after they finish.
-    pub retain_finished_hours: u64,
-    /// Events older than this are deleted.
-    pub retain_events_days: u64,
+    /// Finished workloads are deleted (record and logs) this long after they
+    /// finish (`retainFinishedHours`).
+    pub retain_finished_ms: u64,
+    /// Events older than this are deleted (`retainEventsDays`).
+    pub retain_events_ms: u64,
     /// Log bytes kept per workload run (head and most recent tail).
     pub max_log_bytes_per_workload: u64,
 }
@@ -318,6 +319,10 @@ pub const DEFAULT_RETAIN_EVENTS_DAYS: u64 = 90;
 /// than anyone reads in a terminal.
 pub const DEFAULT_MAX_LOG_BYTES_PER_WORKLOAD: u64 = 64 << 20;
 
+/// Shortest retention window: a minute, so a typo cannot delete work as
+/// it finishes.
+pub const MIN_RETENTION_MS: u64 = 60_000;
+
 /// Smallest `maxLogBytesPerWorkload`: room for a head and a tail worth reading.
 pub const MIN_LOG_BYTES_PER_WORKLOAD: u64 = 4096;
 
@@ -330,8 +335,8 @@ impl Default for Settings {
             default_priority_class: "development".to_string(),
             cross_team_preemption: CrossTeamPreemption::BorrowedOnly,
             gpu_classes: BUILTIN_GPU_CLASSES.iter().map(|s| s.to_string()).collect(),
-            retain_finished_hours: DEFAULT_RETAIN_FINISHED_HOURS,
-            retain_events_days: DEFAULT_RETAIN_EVENTS_DAYS,
+            retain_finished_ms: DEFAULT_RETAIN_FINISHED_HOURS * 3_600_000,
+            retain_events_ms: DEFAULT_RETAIN_EVENTS_DAYS * 86_400_000,
             max_log_bytes_per_workload: DEFAULT_MAX_LOG_BYTES_PER_WORKLOAD,
         }
     }

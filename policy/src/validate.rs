@@ -8,9 +8,9 @@ use crate::document::{Doc, Docs};
 use crate::file::{Loc, ProviderTypeSpec, RoleSpec};
 use crate::model::{
     ANY_GPU_CLASS, BurstProvider, CHECKPOINT_SIGNALS, Cluster, CrossTeamPreemption,
-    DEFAULT_CHECKPOINT_INTERVAL_S, MILLI_PER_GPU, MIN_LOG_BYTES_PER_WORKLOAD, Member, Milli,
-    NodeGroup, Policy, PriorityClass, ProviderType, Quota, Role, Settings, Team, TeamBurst,
-    default_priority_classes,
+    DEFAULT_CHECKPOINT_INTERVAL_S, MILLI_PER_GPU, MIN_LOG_BYTES_PER_WORKLOAD, MIN_RETENTION_MS,
+    Member, Milli, NodeGroup, Policy, PriorityClass, ProviderType, Quota, Role, Settings, Team,
+    TeamBurst, default_priority_classes,
 };
 use crate::report::{Pos, Reporter};
 
@@ -183,28 +183,37 @@ fn settings(docs: &Docs, rep: &mut Reporter<'_>) -> (Settings, Option<(Pos, Stri
             settings.spoke_lost_after_s = v.value;
         }
     }
+    let window = |v: &Loc<f64>, unit_ms: f64| -> Option<u64> {
+        let ms = v.value * unit_ms;
+        (v.value.is_finite() && ms >= MIN_RETENTION_MS as f64 && ms < u64::MAX as f64)
+            .then_some(ms as u64)
+    };
     if let Some(v) = &s.retain_finished_hours {
-        if v.value == 0 {
-            rep.error(
+        match window(v, 3_600_000.0) {
+            Some(ms) => settings.retain_finished_ms = ms,
+            None => rep.error(
                 first.at(v),
                 first.path("retainFinishedHours"),
-                "retainFinishedHours must be at least 1".to_string(),
+                format!(
+                    "retainFinishedHours ({}) must be a window of at least a minute",
+                    v.value
+                ),
                 "keep finished work long enough to read why it failed, such as 168 (a week)",
-            );
-        } else {
-            settings.retain_finished_hours = v.value;
+            ),
         }
     }
     if let Some(v) = &s.retain_events_days {
-        if v.value == 0 {
-            rep.error(
+        match window(v, 86_400_000.0) {
+            Some(ms) => settings.retain_events_ms = ms,
+            None => rep.error(
                 first.at(v),
                 first.path("retainEventsDays"),
-                "retainEventsDays must be at least 1".to_string(),
+                format!(
+                    "retainEventsDays ({}) must be a window of at least a minute",
+                    v.value
+                ),
                 "an audit window such as 90",
-            );
-        } else {
-            settings.retain_events_days = v.value;
+            ),
         }
     }
     if let Some(v) = &s.max_log_bytes_per_workload {

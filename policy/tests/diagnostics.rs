@@ -792,3 +792,54 @@ fn checkpoint_interval_and_signal_are_checked() {
     assert_eq!(pc.checkpoint_interval_s, 600);
     assert_eq!(pc.checkpoint_signal, "SIGUSR1");
 }
+
+#[test]
+fn retention_and_log_limits_are_checked() {
+    let settings = |spec: &str| {
+        format!("apiVersion: axle.dev/v1\nkind: Settings\nmetadata:\n  name: s\nspec:\n{spec}")
+    };
+    let f = fail(&policy(&[(
+        "settings.yaml",
+        &settings("  retainFinishedHours: 0.001\n"),
+    )]));
+    at(
+        find(
+            &f.errors,
+            "retainFinishedHours (0.001) must be a window of at least a minute",
+        ),
+        "settings.yaml",
+        6,
+        24,
+        "retainFinishedHours",
+    );
+    let f = fail(&policy(&[(
+        "settings.yaml",
+        &settings("  retainEventsDays: 0\n"),
+    )]));
+    find(
+        &f.errors,
+        "retainEventsDays (0) must be a window of at least a minute",
+    );
+    let f = fail(&policy(&[(
+        "settings.yaml",
+        &settings("  maxLogBytesPerWorkload: 100\n"),
+    )]));
+    find(
+        &f.errors,
+        "maxLogBytesPerWorkload (100) is below the smallest useful log",
+    );
+    let loaded = ok(&policy(&[(
+        "settings.yaml",
+        &settings(
+            "  retainFinishedHours: 0.1\n  retainEventsDays: 2\n  maxLogBytesPerWorkload: 1048576\n",
+        ),
+    )]));
+    let s = &loaded.policy.settings;
+    assert_eq!(s.retain_finished_ms, 360_000);
+    assert_eq!(s.retain_events_ms, 2 * 86_400_000);
+    assert_eq!(s.max_log_bytes_per_workload, 1 << 20);
+    let defaults = ok(&policy(&[])).policy.settings;
+    assert_eq!(defaults.retain_finished_ms, 168 * 3_600_000);
+    assert_eq!(defaults.retain_events_ms, 90 * 86_400_000);
+    assert_eq!(defaults.max_log_bytes_per_workload, 64 << 20);
+}

@@ -53,6 +53,8 @@ pub struct Agent<D: Driver> {
     driver: D,
     outbox: Outbox,
     terminals: Terminals,
+    /// Finished runs whose files go after `KEEP_FINISHED_RUN`.
+    forgetting: crate::logs::Forgetting,
     conn: Option<Conn>,
     heartbeat_every: Duration,
     next_heartbeat: Instant,
@@ -119,6 +121,7 @@ impl<D: Driver> Agent<D> {
             driver,
             outbox: Outbox::default(),
             terminals: Terminals::default(),
+            forgetting: Default::default(),
             conn: None,
             heartbeat_every: DEFAULT_HEARTBEAT_INTERVAL,
             next_heartbeat: Instant::now(),
@@ -270,6 +273,7 @@ impl<D: Driver> Agent<D> {
         conn.registered = true;
         self.driver
             .policy(&registered.teams, &registered.priority_classes);
+        crate::logs::set_max_log_file_bytes(registered.max_log_bytes_per_workload);
         self.fence_after = Duration::from_millis(registered.fence_after_ms);
         self.last_ack = Instant::now();
         self.fenced = false;
@@ -305,11 +309,31 @@ impl<D: Driver> Agent<D> {
         };
         if let Some(msg) = self.outbox.pop() {
             self.terminals.note_sent(&msg, Instant::now());
+            // A run's end goes after all its log chunks: once it is sent,
+            // the hub has the log, unless a chunk was dropped here while
+            // the hub was away (then the file is the only full copy).
+            if let Some(pb::spoke_message::Msg::Status(s)) = &msg.msg
+                && crate::outbox::is_terminal(s.phase)
+                && !self.outbox.lost_log_of(s.workload_id, s.epoch)
+                && let Some((id, epoch)) =
+                    self.forgetting.push(Instant::now(), s.workload_id, s.epoch)
+            {
+                self.forget(id, epoch);
+            }
             permit.send(msg);
         }
     }
 
+    /// Deletes a finished run's files on the spoke (off the loop).
+    fn forget(&self, id: u64, epoch: u64) {
+        let dir = self.config.data_dir.clone();
+        tokio::spawn(async move { crate::logs::forget(&dir, id, epoch).await });
+    }
+
     fn send_heartbeat(&mut self) {
+        for (id, epoch) in self.forgetting.due(Instant::now()) {
+            self.forget(id, epoch);
+        }
         self.next_heartbeat = Instant::now() + self.heartbeat_every;
         let Some(conn) = self.conn.as_ref() else {
             return;

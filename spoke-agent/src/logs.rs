@@ -1,6 +1,8 @@
 //! Workload log plumbing: replica pipes → one log file per (workload, epoch)
 //! and `LogChunk`s for the hub.
 
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axle_proto::pb;
@@ -24,6 +26,104 @@ const PIPE_READ_BYTES: usize = 8 * 1024;
 /// Pieces in flight from the pipes to the log writer; the pipes block (and so
 /// do the replicas' writes) when the writer falls this far behind.
 pub const LOG_PIPE_CHANNEL_CAPACITY: usize = 64;
+
+/// Bytes of one run's log the spoke keeps on disk before the hub says (64
+/// MiB, the policy's default `maxLogBytesPerWorkload`).
+pub const DEFAULT_MAX_LOG_FILE_BYTES: u64 = 64 << 20;
+
+/// The hub's `maxLogBytesPerWorkload`, from `Registered`: one value per
+/// process, since every spoke of a process talks to one hub. The hub keeps
+/// the head and the most recent tail of what it is sent; the spoke's own
+/// file keeps the head, with a line saying where it was cut.
+static MAX_LOG_FILE_BYTES: AtomicU64 = AtomicU64::new(DEFAULT_MAX_LOG_FILE_BYTES);
+
+/// Sets the per-run log file cap (0 keeps the current one).
+pub fn set_max_log_file_bytes(bytes: u64) {
+    if bytes > 0 {
+        MAX_LOG_FILE_BYTES.store(bytes, Ordering::Relaxed);
+    }
+}
+
+pub fn max_log_file_bytes() -> u64 {
+    MAX_LOG_FILE_BYTES.load(Ordering::Relaxed)
+}
+
+/// `<data_dir>/logs/<workload_id>-<epoch>.log`: a run's log file on the spoke.
+pub fn log_path(data_dir: &Path, workload_id: u64, epoch: u64) -> std::path::PathBuf {
+    data_dir
+        .join("logs")
+        .join(format!("{workload_id}-{epoch}.log"))
+}
+
+/// `<data_dir>/work/<workload_id>-<epoch>`: a run's working directory.
+pub fn work_dir(data_dir: &Path, workload_id: u64, epoch: u64) -> std::path::PathBuf {
+    data_dir.join("work").join(format!("{workload_id}-{epoch}"))
+}
+
+/// How long a finished run's log file and working directory stay on the
+/// spoke after its end was sent to the hub: the window in which the end is
+/// re-sent after a reconnect, and time to look at a run's files by hand.
+pub const KEEP_FINISHED_RUN: Duration = Duration::from_secs(60);
+
+/// Runs waiting for deletion at most: a minute of 100 runs/s many times
+/// over. When full, the oldest is deleted at once.
+pub const MAX_RUNS_TO_FORGET: usize = 65_536;
+
+/// Finished runs whose files go once [`KEEP_FINISHED_RUN`] has passed.
+#[derive(Debug, Default)]
+pub struct Forgetting {
+    queue: std::collections::VecDeque<(Instant, u64, u64)>,
+}
+
+impl Forgetting {
+    /// Schedules run (workload, epoch), whose end was sent at `now`; returns
+    /// a run to delete now if the queue was full.
+    pub fn push(&mut self, now: Instant, workload_id: u64, epoch: u64) -> Option<(u64, u64)> {
+        let evicted = (self.queue.len() >= MAX_RUNS_TO_FORGET)
+            .then(|| self.queue.pop_front())
+            .flatten()
+            .map(|(_, w, e)| (w, e));
+        self.queue
+            .push_back((now + KEEP_FINISHED_RUN, workload_id, epoch));
+        evicted
+    }
+
+    /// The runs due at `now`, removed from the queue.
+    pub fn due(&mut self, now: Instant) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        while let Some(&(at, w, e)) = self.queue.front() {
+            if at > now {
+                break;
+            }
+            self.queue.pop_front();
+            out.push((w, e));
+        }
+        out
+    }
+
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+}
+
+/// Deletes a run's log file and working directory (missing ones are fine).
+pub async fn forget(data_dir: &Path, workload_id: u64, epoch: u64) {
+    let log = log_path(data_dir, workload_id, epoch);
+    match tokio::fs::remove_file(&log).await {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(error = %e, "cannot delete the log file {}", log.display()),
+    }
+    let work = work_dir(data_dir, workload_id, epoch);
+    match tokio::fs::remove_dir_all(&work).await {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot delete the working directory {}", work.display())
+        }
+    }
+}
 
 /// Turns a byte stream into whole lines that each start with `prefix`, so the
 /// output of several replicas interleaves by lines, never mid-line.
@@ -130,24 +230,48 @@ pub async fn pump(
 /// `LogChunk`s (at most [`MAX_LOG_CHUNK_BYTES`], at least every
 /// [`LOG_FLUSH_INTERVAL`]) until every pump has hung up.
 pub async fn write_log(
+    file: tokio::fs::File,
+    rx: mpsc::Receiver<Vec<u8>>,
+    workload_id: u64,
+    epoch: u64,
+    events: mpsc::Sender<Event>,
+) {
+    write_log_capped(file, rx, workload_id, epoch, events, max_log_file_bytes()).await
+}
+
+/// [`write_log`] with the file cap given.
+pub async fn write_log_capped(
     mut file: tokio::fs::File,
     mut rx: mpsc::Receiver<Vec<u8>>,
     workload_id: u64,
     epoch: u64,
     events: mpsc::Sender<Event>,
+    cap: u64,
 ) {
     let mut offset: u64 = 0;
     let mut buf: Vec<u8> = Vec::new();
     let mut flush_at: Option<Instant> = None;
     let mut file_ok = true;
+    let mut in_file: u64 = 0;
     loop {
         let deadline = flush_at.unwrap_or_else(|| Instant::now() + LOG_FLUSH_INTERVAL);
         tokio::select! {
             piece = rx.recv() => {
                 let Some(piece) = piece else { break };
-                if file_ok && let Err(e) = file.write_all(&piece).await {
-                    tracing::warn!(workload_id, epoch, error = %e, "cannot write workload log file");
-                    file_ok = false;
+                if file_ok && in_file < cap {
+                    let room = (cap - in_file).min(piece.len() as u64) as usize;
+                    let mut r = file.write_all(&piece[..room]).await;
+                    in_file += room as u64;
+                    if r.is_ok() && in_file >= cap {
+                        let note = format!(
+                            "\n[axle: this spoke keeps the first {cap} bytes of the log; the hub keeps the most recent output too]\n"
+                        );
+                        r = file.write_all(note.as_bytes()).await;
+                    }
+                    if let Err(e) = r {
+                        tracing::warn!(workload_id, epoch, error = %e, "cannot write workload log file");
+                        file_ok = false;
+                    }
                 }
                 buf.extend_from_slice(&piece);
                 if flush_at.is_none() {
@@ -219,6 +343,64 @@ async fn emit(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finished_runs_are_forgotten_after_the_keep_window_in_order() {
+        let t = Instant::now();
+        let mut f = Forgetting::default();
+        assert_eq!(f.push(t, 1, 1), None);
+        assert_eq!(f.push(t + Duration::from_secs(1), 2, 1), None);
+        assert!(
+            f.due(t + KEEP_FINISHED_RUN - Duration::from_millis(1))
+                .is_empty()
+        );
+        assert_eq!(f.due(t + KEEP_FINISHED_RUN), vec![(1, 1)]);
+        assert_eq!(f.due(t + KEEP_FINISHED_RUN * 2), vec![(2, 1)]);
+        assert!(f.is_empty());
+    }
+
+    #[tokio::test]
+    async fn forget_deletes_the_log_file_and_the_working_directory() {
+        // Observed: 16,352 files on the spoke after 16,000 empty jobs.
+        let dir = tempfile::tempdir().unwrap();
+        let log = log_path(dir.path(), 5, 2);
+        let work = work_dir(dir.path(), 5, 2);
+        std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+        std::fs::create_dir_all(&work).unwrap();
+        std::fs::write(&log, b"out\n").unwrap();
+        std::fs::write(work.join("model.pt"), b"x").unwrap();
+        forget(dir.path(), 5, 2).await;
+        assert!(!log.exists());
+        assert!(!work.exists());
+        forget(dir.path(), 5, 2).await; // already gone: fine
+    }
+
+    #[tokio::test]
+    async fn the_spokes_log_file_keeps_the_head_up_to_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.log");
+        let file = tokio::fs::File::create(&path).await.unwrap();
+        let (tx, rx) = mpsc::channel(4);
+        let (etx, mut erx) = mpsc::channel(1024);
+        set_max_log_file_bytes(0); // 0 keeps the current value
+        let cap = max_log_file_bytes();
+        let writer = tokio::spawn(write_log_capped(file, rx, 1, 1, etx, 10));
+        tx.send(b"0123456789abcdef".to_vec()).await.unwrap();
+        drop(tx);
+        writer.await.unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.starts_with("0123456789\n[axle: this spoke keeps the first 10 bytes"),
+            "{text}"
+        );
+        // The hub is sent everything.
+        let mut sent = Vec::new();
+        while let Ok(Event::Log(c)) = erx.try_recv() {
+            sent.extend(c.data);
+        }
+        assert_eq!(sent, b"0123456789abcdef");
+        assert_eq!(max_log_file_bytes(), cap);
+    }
 
     #[test]
     fn splitter_prefixes_whole_lines_only() {

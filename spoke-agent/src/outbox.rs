@@ -24,7 +24,7 @@ pub const MAX_REMEMBERED_TERMINALS: usize = 4096;
 /// hub treats a repeated terminal status as a no-op.
 pub const RESEND_WINDOW: Duration = Duration::from_secs(60);
 
-fn is_terminal(phase: i32) -> bool {
+pub fn is_terminal(phase: i32) -> bool {
     matches!(
         pb::Phase::try_from(phase),
         Ok(pb::Phase::Succeeded | pb::Phase::Failed | pb::Phase::Stopped)
@@ -37,6 +37,10 @@ pub struct Outbox {
     queue: VecDeque<pb::SpokeMessage>,
     log_bytes: usize,
     dropped_log_chunks: u64,
+    /// Runs (workload, epoch) that lost a chunk here: their log files are
+    /// the only full copy, so they are kept. At most
+    /// [`MAX_REMEMBERED_TERMINALS`], oldest forgotten first.
+    lossy: VecDeque<(u64, u64)>,
 }
 
 fn status_message(status: pb::WorkloadStatus) -> pb::SpokeMessage {
@@ -73,6 +77,13 @@ impl Outbox {
             {
                 self.log_bytes -= old.data.len();
                 self.dropped_log_chunks += 1;
+                let run = (old.workload_id, old.epoch);
+                if !self.lossy.contains(&run) {
+                    if self.lossy.len() >= MAX_REMEMBERED_TERMINALS {
+                        self.lossy.pop_front();
+                    }
+                    self.lossy.push_back(run);
+                }
             }
         }
         self.log_bytes += len;
@@ -95,6 +106,11 @@ impl Outbox {
 
     pub fn len(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Whether a chunk of this run's log was dropped here.
+    pub fn lost_log_of(&self, workload_id: u64, epoch: u64) -> bool {
+        self.lossy.contains(&(workload_id, epoch))
     }
 
     pub fn dropped_log_chunks(&self) -> u64 {
@@ -196,6 +212,8 @@ mod tests {
         outbox.push_log(chunk(3, third));
         outbox.push_log(chunk(4, third));
         assert_eq!(outbox.dropped_log_chunks(), 1);
+        assert!(outbox.lost_log_of(1, 1));
+        assert!(!outbox.lost_log_of(2, 1));
         let mut kinds = Vec::new();
         while let Some(m) = outbox.pop() {
             kinds.push(match m.msg {

@@ -86,6 +86,7 @@ pub async fn run(
     let mut grpc_stop = stop_rx.clone();
     let mut drain = stop_rx;
 
+    let hub_for_drain = hub.clone();
     let app = crate::http::router(hub.clone());
     let http = crate::http_serve::serve(listeners.http, app, listeners.http_limits, async move {
         let _ = http_stop.wait_for(|s| *s).await;
@@ -122,6 +123,7 @@ pub async fn run(
         "shutting down: draining requests and spoke sessions for at most {} s",
         DRAIN_DEADLINE.as_secs()
     );
+    let _ = hub_for_drain.send(crate::hub::Command::EndSessions).await;
     match tokio::time::timeout(DRAIN_DEADLINE, &mut servers).await {
         Ok(r) => r?,
         Err(_) => tracing::warn!(

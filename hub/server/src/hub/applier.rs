@@ -46,6 +46,9 @@ pub enum Command {
         conn: u64,
     },
     Tick,
+    /// The hub is shutting down: end every spoke session (their streams
+    /// close, so the drain does not wait for them; spokes redial).
+    EndSessions,
 }
 
 /// What one batch produced besides memory changes.
@@ -231,6 +234,16 @@ impl Inner {
                         Some(&cluster),
                         format!("spoke {cluster} disconnected"),
                     );
+                }
+            }
+            Command::EndSessions => {
+                let open: Vec<(String, u64)> = self
+                    .clusters
+                    .iter()
+                    .filter_map(|(n, c)| c.session.session().map(|(conn, _)| (n.clone(), conn)))
+                    .collect();
+                for (cluster, conn) in open {
+                    self.spoke_step(&cluster, SpokeEvent::StreamEnded { conn }, fx, now);
                 }
             }
             Command::Tick => {

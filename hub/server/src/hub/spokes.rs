@@ -331,6 +331,7 @@ impl Inner {
                     fence_after_ms: self.policy.settings.spoke_lost_after_s * 1000,
                     teams: crate::isolation::teams_for(&self.policy, &record.nodes),
                     priority_classes: crate::isolation::priority_classes(&self.policy),
+                    max_log_bytes_per_workload: self.policy.settings.max_log_bytes_per_workload,
                 })),
             },
         ));

@@ -40,17 +40,9 @@ const FAR_FUTURE: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Highest signal number Linux uses, to recognise `128 + signal` exit codes.
 const MAX_SIGNAL: i32 = 64;
 
-/// `<data_dir>/logs/<workload_id>-<epoch>.log`
-pub fn log_path(data_dir: &Path, workload_id: u64, epoch: u64) -> PathBuf {
-    data_dir
-        .join("logs")
-        .join(format!("{workload_id}-{epoch}.log"))
-}
+pub use crate::logs::log_path;
 
-/// `<data_dir>/work/<workload_id>-<epoch>`
-pub fn work_dir(data_dir: &Path, workload_id: u64, epoch: u64) -> PathBuf {
-    data_dir.join("work").join(format!("{workload_id}-{epoch}"))
-}
+pub use crate::logs::work_dir;
 
 /// `<data_dir>/checkpoints/<workload_id>`: the same for every epoch of a
 /// workload on this spoke, so a run resumes where the last one saved.

@@ -1,0 +1,196 @@
+//! Start-up time of a hub with many finished workloads stored, before and
+//! after retention deletes them, and how fast retention deletes.
+//!
+//! `cargo bench --workspace --bench restore` (AXLE_BENCH_FINISHED sets how
+//! many, default 1,000,000). Prints `key=value` lines.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axle_hub::hub::{Clock, Hub, HubConfig};
+use axle_hub::lifecycle::WState;
+use axle_hub::records::*;
+use axle_hub::store::{MAX_OPS_PER_TXN, Op, RedbStore, Store, Txn};
+
+const POLICY: &str = r#"
+apiVersion: axle.dev/v1
+kind: Team
+metadata: {name: vision}
+spec:
+  quotas: {H100: {guaranteed: 8, limit: 8}}
+---
+apiVersion: axle.dev/v1
+kind: Settings
+metadata: {name: settings}
+spec:
+  retainFinishedHours: 168
+"#;
+
+/// Records per atomic write while filling the store.
+const FILL_GROUP: usize = 10_000;
+
+fn record(id: u64, finished_at_ms: u64) -> WorkloadRecord {
+    WorkloadRecord {
+        v: RECORD_VERSION,
+        id,
+        name: format!("train-{id}"),
+        team: "vision".into(),
+        priority: "development".into(),
+        gpus_milli: 1000,
+        replicas: 1,
+        gpu_model: None,
+        regions: Vec::new(),
+        allow_spread: false,
+        burst_allowed: false,
+        command: vec!["python".into(), "train.py".into(), "--epochs=3".into()],
+        env: Default::default(),
+        max_runtime_s: None,
+        image: None,
+        checkpoint_interval_s: None,
+        checkpoint_signal: None,
+        idempotency_key: None,
+        submitted_at_ms: finished_at_ms - 60_000,
+        state: WState::Succeeded,
+        epoch: 1,
+        placement: None,
+        started_at_ms: Some(finished_at_ms - 50_000),
+        finished_at_ms: Some(finished_at_ms),
+        exit_code: Some(0),
+        preemptions: 0,
+        stopping: None,
+        history: vec![
+            TransitionRecord {
+                at_ms: finished_at_ms - 55_000,
+                from: WState::Pending,
+                to: WState::Placed,
+                reason: "placed on c1 (n0 GPU 0)".into(),
+            },
+            TransitionRecord {
+                at_ms: finished_at_ms - 50_000,
+                from: WState::Placed,
+                to: WState::Running,
+                reason: "started on c1".into(),
+            },
+            TransitionRecord {
+                at_ms: finished_at_ms,
+                from: WState::Running,
+                to: WState::Succeeded,
+                reason: "exited 0".into(),
+            },
+        ],
+        preemption_log: Vec::new(),
+        lost_gpu_ms: 0,
+    }
+}
+
+fn rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+async fn start(dir: &std::path::Path) -> (Arc<Hub>, axle_hub::hub::HubTasks, Duration) {
+    let policy = axle_policy::load_sources(&[("p.yaml".into(), POLICY.into())])
+        .expect("policy")
+        .policy;
+    let t = Instant::now();
+    let store = RedbStore::open_in_dir(dir).expect("store");
+    let (hub, tasks) = Hub::start(
+        store,
+        policy,
+        HubConfig {
+            data_dir: dir.to_path_buf(),
+            spoke_token: None,
+            log_limits: Default::default(),
+            clock: Clock::system(),
+        },
+    )
+    .await
+    .expect("hub starts");
+    (hub, tasks, t.elapsed())
+}
+
+fn main() {
+    let n: u64 = std::env::var("AXLE_BENCH_FINISHED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let db = dir.path().join(axle_hub::store::DB_FILE_NAME);
+    rt.block_on(async {
+        // Finished 30 days ago: all past a one-week window.
+        let now = Clock::system().now_ms();
+        let finished_at = now - 30 * 24 * 3_600_000;
+        let store = RedbStore::open_in_dir(dir.path()).expect("store");
+        let t = Instant::now();
+        let mut id = 1;
+        while id <= n {
+            let end = (id + FILL_GROUP as u64 - 1).min(n);
+            let ops: Vec<Op> = (id..=end)
+                .map(|i| {
+                    Op::put(
+                        workload_key(i),
+                        serde_json::to_vec(&record(i, finished_at)).expect("encode"),
+                    )
+                })
+                .collect();
+            let txns = ops
+                .chunks(MAX_OPS_PER_TXN)
+                .map(|c| Txn {
+                    compares: Vec::new(),
+                    success: c.to_vec(),
+                    failure: Vec::new(),
+                })
+                .collect();
+            store.txn_atomic(txns).await.expect("fill");
+            id = end + 1;
+        }
+        drop(store);
+        let size = std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0);
+        println!(
+            "finished_stored={n} fill_s={:.1} store_mb={:.0}",
+            t.elapsed().as_secs_f64(),
+            size as f64 / 1e6
+        );
+
+        let (hub, tasks, took) = start(dir.path()).await;
+        println!(
+            "startup_before_retention_ms={} rss_mb={:.0} workloads_in_memory={}",
+            took.as_millis(),
+            rss_mb(),
+            hub.read().workloads.len()
+        );
+        let t = Instant::now();
+        while !hub.read().workloads.is_empty() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        println!(
+            "retention_deleted={n} retention_s={secs:.1} deleted_per_s={:.0}",
+            n as f64 / secs.max(1e-9)
+        );
+        tasks.abort();
+        drop(hub);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (hub, tasks, took) = start(dir.path()).await;
+        let size = std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0);
+        println!(
+            "startup_after_retention_ms={} workloads_in_memory={} store_mb={:.0}",
+            took.as_millis(),
+            hub.read().workloads.len(),
+            size as f64 / 1e6
+        );
+        tasks.abort();
+    });
+}
