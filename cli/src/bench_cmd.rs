@@ -42,6 +42,9 @@ const TERMINAL_STATES: &[&str] = &["Succeeded", "Failed", "Cancelled"];
 pub enum BenchCommand {
     /// Submit N workloads, wait for them all, print jobs/s and latency.
     Submit(BenchSubmitArgs),
+    /// A steady mixed load for a duration, printing the hub's resources
+    /// every minute (see scripts/soak.sh).
+    Soak(crate::bench_soak::BenchSoakArgs),
 }
 
 #[derive(Args)]
@@ -200,7 +203,10 @@ impl Summary {
 }
 
 pub async fn run(client: &Client, cmd: BenchCommand) -> anyhow::Result<ExitCode> {
-    let BenchCommand::Submit(a) = cmd;
+    let a = match cmd {
+        BenchCommand::Submit(a) => a,
+        BenchCommand::Soak(a) => return crate::bench_soak::run(client, a).await,
+    };
     let team = match &a.team {
         Some(t) => t.clone(),
         None => client
@@ -312,9 +318,11 @@ fn start_pollers(
             let mut token: Option<String> = None;
             while !stop.load(Ordering::Relaxed) {
                 let sent = Instant::now();
-                let page = client.workload_page(limit, token.as_deref()).await?;
+                // Not decoded: the pollers measure the hub, and decoding
+                // 300 KB pages would take the CPU the hub runs on.
+                let (_, next) = client.workload_page_raw(limit, token.as_deref()).await?;
                 out.push(sent.elapsed().as_secs_f64() * 1000.0);
-                token = page.continue_token;
+                token = next;
             }
             Ok(out)
         });

@@ -281,17 +281,37 @@ impl Client {
         }
     }
 
-    /// One page of `GET /api/v1/workloads` (all teams), after `token`.
-    pub async fn workload_page(
+    /// One page of `GET /api/v1/workloads`, not decoded (a load generator
+    /// that should cost the machine as little as possible): its size and
+    /// the `continue` token, read from the end of the body.
+    pub async fn workload_page_raw(
         &self,
         limit: usize,
         token: Option<&str>,
-    ) -> Result<WorkloadList, ClientError> {
+    ) -> Result<(usize, Option<String>), ClientError> {
         let mut q = vec![("limit", limit.to_string())];
         if let Some(t) = token {
             q.push(("continue", t.to_string()));
         }
-        self.get("api/v1/workloads", &q).await
+        let unreachable = |e: reqwest::Error| ClientError::Unreachable {
+            hub: self.hub().to_string(),
+            reason: transport_reason(&e),
+        };
+        let resp = self
+            .http
+            .get(self.url("api/v1/workloads", &q))
+            .send()
+            .await
+            .map_err(unreachable)?;
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(unreachable)?;
+        if !status.is_success() {
+            return Err(ClientError::Server {
+                status: status.as_u16(),
+                body: error_body(status, &String::from_utf8_lossy(&body)),
+            });
+        }
+        Ok((body.len(), continue_of(&body)))
     }
 
     /// `GET /api/v1/workloads/{id}`.
@@ -335,9 +355,29 @@ impl Client {
     }
 }
 
+/// The `continue` token at the end of a workload list body, if any.
+fn continue_of(body: &[u8]) -> Option<String> {
+    let tail = String::from_utf8_lossy(&body[body.len().saturating_sub(256)..]);
+    let i = tail.rfind("\"continue\":\"")?;
+    let rest = &tail[i + 12..];
+    rest.find('"').map(|j| rest[..j].to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_continue_token_is_read_from_the_end_of_a_raw_page() {
+        let page = WorkloadList {
+            items: Vec::new(),
+            continue_token: Some("w1.1f4".into()),
+        };
+        let body = serde_json::to_vec(&page).unwrap();
+        assert_eq!(continue_of(&body).as_deref(), Some("w1.1f4"));
+        let last = serde_json::to_vec(&WorkloadList::default()).unwrap();
+        assert_eq!(continue_of(&last), None);
+    }
 
     #[test]
     fn error_body_prefers_api_error_json() {

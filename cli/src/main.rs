@@ -10,6 +10,7 @@
 
 mod args;
 mod bench_cmd;
+mod bench_soak;
 mod client;
 mod describe;
 mod exit;

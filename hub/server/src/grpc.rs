@@ -203,11 +203,20 @@ impl pb::user_service_server::UserService for UserSvc {
             limit: (r.limit > 0).then_some(r.limit as usize),
             continue_token: opt(r.continue_token),
         };
-        let (list, next) = self.hub.read().list(&params).map_err(status_of)?;
-        Ok(Response::new(pb::ListWorkloadsResponse {
-            workloads: list.iter().map(views::workload_pb).collect(),
-            continue_token: next.unwrap_or_default(),
-        }))
+        let read = self.hub.read();
+        let page = self
+            .hub
+            .with_list_permit(move || {
+                read.list(&params)
+                    .map(|(list, next)| pb::ListWorkloadsResponse {
+                        workloads: list.iter().map(views::workload_pb).collect(),
+                        continue_token: next.unwrap_or_default(),
+                    })
+            })
+            .await
+            .map_err(status_of)?
+            .map_err(status_of)?;
+        Ok(Response::new(page))
     }
 
     async fn cancel_workload(

@@ -213,15 +213,29 @@ async fn list_workloads(
             ));
         }
     };
-    match hub.read().list(&q) {
-        Ok((items, continue_token)) => json(
+    let read = hub.read();
+    let page = hub
+        .with_list_permit(move || {
+            read.list(&q).map(|(items, continue_token)| {
+                serde_json::to_vec(&api::WorkloadList {
+                    items,
+                    continue_token,
+                })
+            })
+        })
+        .await;
+    match page {
+        Ok(Ok(Ok(body))) => (
             StatusCode::OK,
-            &api::WorkloadList {
-                items,
-                continue_token,
-            },
-        ),
-        Err(e) => err(e),
+            [(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            )],
+            body,
+        )
+            .into_response(),
+        Ok(Ok(Err(e))) => err(HubError::Internal(format!("cannot encode a page: {e}"))),
+        Ok(Err(e)) | Err(e) => err(e),
     }
 }
 

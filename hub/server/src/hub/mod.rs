@@ -107,6 +107,8 @@ pub struct Inner {
 pub struct Hub {
     inner: Mutex<Inner>,
     read: ArcSwap<ReadView>,
+    /// Permits to build a list page (see [`list_concurrency`]).
+    lists: tokio::sync::Semaphore,
     store: Arc<dyn Store>,
     tx: mpsc::Sender<Command>,
     pub config: HubConfig,
@@ -125,6 +127,7 @@ impl Hub {
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let hub = Arc::new(Hub {
             read: ArcSwap::from_pointee(inner.read_view()),
+            lists: tokio::sync::Semaphore::new(list_concurrency()),
             inner: Mutex::new(inner),
             store,
             tx,
@@ -166,6 +169,25 @@ impl Hub {
         self.read.load_full()
     }
 
+    /// Runs `build` (a list page and its encoding) on the blocking pool
+    /// once a list permit is free: lists are the expensive reads, and
+    /// however many clients poll them they use at most
+    /// [`list_concurrency`] threads, off the async workers that carry
+    /// submits and the applier.
+    pub async fn with_list_permit<T: Send + 'static>(
+        &self,
+        build: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, HubError> {
+        let _permit = self
+            .lists
+            .acquire()
+            .await
+            .map_err(|_| HubError::shutting_down())?;
+        tokio::task::spawn_blocking(build)
+            .await
+            .map_err(|e| HubError::Internal(format!("a list page failed: {e}")))
+    }
+
     pub async fn send(&self, cmd: Command) -> Result<(), HubError> {
         self.tx
             .send(cmd)
@@ -177,6 +199,12 @@ impl Hub {
     pub fn now_ms(&self) -> u64 {
         self.config.clock.now_ms()
     }
+}
+
+/// List pages built at once: half the cores (at least one), so however
+/// many clients poll the list, the other half stays for writes.
+pub fn list_concurrency() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
 }
 
 impl Inner {
