@@ -121,6 +121,8 @@ pub fn parse_state(text: &str) -> Result<String, String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ListFormat {
     Table,
+    /// A table whose last column (reason, message) is never cut.
+    Wide,
     Json,
     Yaml,
     /// One `kind/name` per line (`workload/12`), for scripts.

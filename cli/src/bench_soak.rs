@@ -49,8 +49,8 @@ pub struct BenchSoakArgs {
 /// The mix, per 100 workloads: (count, team, class, GPUs, gang, command).
 const MIX: &[(u32, &str, &str, f64, u32, &str)] = &[
     (70, "vision", "development", 0.25, 1, "true"),
-    (10, "nlp", "training", 1.0, 1, "sleep 0.5"),
-    (5, "nlp", "training", 1.0, 2, "sleep 0.5"),
+    (10, "nlp", "training", 1.0, 1, "sleep 0.2"),
+    (5, "nlp", "training", 1.0, 2, "true"),
     (7, "vision", "development", 0.25, 1, "exit 3"),
     (
         2,
@@ -61,7 +61,7 @@ const MIX: &[(u32, &str, &str, f64, u32, &str)] = &[
         "head -c 1000000 /dev/zero | tr '\\0' x | fold -w 99",
     ),
     (5, "vision", "development", 0.5, 1, "sleep 1"),
-    (1, "research", "batch", 1.0, 1, "sleep 5"),
+    (1, "research", "batch", 1.0, 1, "sleep 2"),
 ];
 
 fn request(k: u64) -> SubmitRequest {

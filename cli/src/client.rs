@@ -344,14 +344,22 @@ impl Client {
         self.get("api/v1/teams", &[]).await
     }
 
-    /// `GET /api/v1/events?since=SEQ&limit=N`.
-    #[allow(dead_code)] // Part of the typed API; no command reads events yet.
-    pub async fn events(&self, since: u64, limit: u32) -> Result<Vec<EventView>, ClientError> {
-        self.get(
-            "api/v1/events",
-            &[("since", since.to_string()), ("limit", limit.to_string())],
-        )
-        .await
+    /// `GET /api/v1/events`: the `tail` most recent events, or those after
+    /// `since`; of one workload when `workload` is given.
+    pub async fn events(
+        &self,
+        since: u64,
+        tail: Option<u32>,
+        workload: Option<u64>,
+    ) -> Result<Vec<EventView>, ClientError> {
+        let mut q = vec![("since", since.to_string()), ("limit", "10000".to_string())];
+        if let Some(n) = tail {
+            q.push(("tail", n.to_string()));
+        }
+        if let Some(w) = workload {
+            q.push(("workload", w.to_string()));
+        }
+        self.get("api/v1/events", &q).await
     }
 }
 

@@ -148,9 +148,8 @@ pub fn describe_workload(w: &WorkloadView, now_ms: u64) -> String {
     field(o, "Submitted", &fmt_when(Some(w.submitted_at_ms), now_ms));
     field(o, "Started", &fmt_when(w.started_at_ms, now_ms));
     field(o, "Finished", &fmt_when(w.finished_at_ms, now_ms));
-    if let Some(started) = w.started_at_ms {
-        let end = w.finished_at_ms.unwrap_or(now_ms);
-        field(o, "Runtime", &fmt_span(end.saturating_sub(started)));
+    if w.started_at_ms.is_some() || w.run_ms > 0 {
+        field(o, "Runtime", &fmt_span(run_time_ms(w, now_ms)));
     }
     field(
         o,
@@ -191,6 +190,16 @@ pub fn describe_workload(w: &WorkloadView, now_ms: u64) -> String {
     out
 }
 
+/// Time the workload has run, over all its runs: those that ended (the
+/// hub sums them, across preemptions and hub restarts) plus the current one.
+pub fn run_time_ms(w: &WorkloadView, now_ms: u64) -> u64 {
+    let current = match (w.state.as_str(), w.started_at_ms) {
+        ("Running", Some(s)) => now_ms.saturating_sub(s),
+        _ => 0,
+    };
+    w.run_ms.saturating_add(current)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,6 +223,16 @@ mod tests {
             fmt_replica(&w.replicas[1]),
             "node-b: GPU 2 (0.5), GPU 3 (0.5)"
         );
+    }
+
+    #[test]
+    fn runtime_counts_earlier_runs_and_the_current_one() {
+        let mut w = running_workload(5);
+        w.run_ms = 3_600_000;
+        let started = w.started_at_ms.unwrap();
+        assert_eq!(run_time_ms(&w, started + 60_000), 3_660_000);
+        w.state = "Pending".into();
+        assert_eq!(run_time_ms(&w, started + 60_000), 3_600_000);
     }
 
     #[test]

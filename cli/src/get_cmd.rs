@@ -1,16 +1,16 @@
-//! `axle get workloads|clusters|teams`: tables, JSON or YAML, and `-w` to
-//! keep printing rows as they change.
+//! `axle get workloads|clusters|teams|events`: tables, JSON or YAML, and
+//! `-w` to keep printing rows as they change (and new events as they come).
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use axle_proto::api::{ClusterView, TeamView, WorkloadView};
+use axle_proto::api::{ClusterView, EventView, TeamView, WorkloadView};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use crate::args::{ListFormat, ObjectFormat, parse_state, to_text};
-use crate::client::{Client, WorkloadFilter};
+use crate::client::{Client, ClientError, WorkloadFilter};
 use crate::exit::UsageError;
 use crate::table::{self, Row};
 use crate::workload_cmd::now_ms;
@@ -27,7 +27,12 @@ pub enum Resource {
     Clusters,
     #[value(alias = "team")]
     Teams,
+    #[value(alias = "event", alias = "ev")]
+    Events,
 }
+
+/// Events `get events` shows by default: the most recent screenfuls.
+const DEFAULT_EVENT_TAIL: u32 = 200;
 
 #[derive(Args)]
 pub struct GetArgs {
@@ -53,6 +58,12 @@ pub struct GetArgs {
     /// Only this cluster (workloads, clusters).
     #[arg(long)]
     cluster: Option<String>,
+    /// Only the events of this workload (events).
+    #[arg(long, value_name = "ID")]
+    workload: Option<u64>,
+    /// How many of the most recent events to show first (events).
+    #[arg(long, default_value_t = DEFAULT_EVENT_TAIL)]
+    tail: u32,
 }
 
 /// What one poll returned.
@@ -60,6 +71,7 @@ enum Snapshot {
     Workloads(Vec<WorkloadView>),
     Clusters(Vec<ClusterView>),
     Teams(Vec<TeamView>),
+    Events(Vec<EventView>),
 }
 
 /// Fields that change with the clock alone; `-w -o json|yaml` ignores them
@@ -72,6 +84,7 @@ impl Snapshot {
             Snapshot::Workloads(_) => table::WORKLOAD_HEADERS,
             Snapshot::Clusters(_) => table::CLUSTER_HEADERS,
             Snapshot::Teams(_) => table::TEAM_HEADERS,
+            Snapshot::Events(_) => table::EVENT_HEADERS,
         }
     }
 
@@ -80,7 +93,26 @@ impl Snapshot {
             Snapshot::Workloads(_) => table::WORKLOAD_VOLATILE,
             Snapshot::Clusters(_) => table::CLUSTER_VOLATILE,
             Snapshot::Teams(_) => table::TEAM_VOLATILE,
+            Snapshot::Events(_) => table::EVENT_VOLATILE,
         }
+    }
+
+    /// Rows as `-o` wants them: `wide` keeps every reason whole; a table on
+    /// a terminal is cut to its width.
+    fn rows_for(&self, now_ms: u64, output: ListFormat) -> Vec<Row> {
+        let mut rows = self.rows(now_ms);
+        if output == ListFormat::Wide {
+            if let Snapshot::Workloads(ws) = self {
+                for (r, w) in rows.iter_mut().zip(ws) {
+                    if let (Some(last), Some(reason)) = (r.cells.last_mut(), &w.pending_reason) {
+                        *last = reason.clone();
+                    }
+                }
+            }
+        } else if let Some(cols) = terminal_columns() {
+            table::fit_last_column(self.headers(), &mut rows, cols);
+        }
+        rows
     }
 
     fn rows(&self, now_ms: u64) -> Vec<Row> {
@@ -88,14 +120,7 @@ impl Snapshot {
             Snapshot::Workloads(ws) => table::workload_rows(ws, now_ms),
             Snapshot::Clusters(cs) => table::cluster_rows(cs, now_ms),
             Snapshot::Teams(ts) => table::teams_rows(ts),
-        }
-    }
-
-    fn table(&self, now_ms: u64) -> String {
-        match self {
-            Snapshot::Workloads(ws) => table::workloads_table(ws, now_ms),
-            Snapshot::Clusters(cs) => table::clusters_table(cs, now_ms),
-            Snapshot::Teams(ts) => table::teams_table(ts),
+            Snapshot::Events(es) => table::event_rows(es),
         }
     }
 
@@ -105,6 +130,7 @@ impl Snapshot {
             Snapshot::Workloads(ws) => ws.iter().map(|w| format!("workload/{}", w.id)).collect(),
             Snapshot::Clusters(cs) => cs.iter().map(|c| format!("cluster/{}", c.name)).collect(),
             Snapshot::Teams(ts) => ts.iter().map(|t| format!("team/{}", t.name)).collect(),
+            Snapshot::Events(es) => es.iter().map(|e| format!("event/{}", e.seq)).collect(),
         }
     }
 
@@ -113,6 +139,7 @@ impl Snapshot {
             Snapshot::Workloads(v) => v.len(),
             Snapshot::Clusters(v) => v.len(),
             Snapshot::Teams(v) => v.len(),
+            Snapshot::Events(v) => v.len(),
         }
     }
 
@@ -130,6 +157,7 @@ impl Snapshot {
             Snapshot::Workloads(v) => each(v, |w| w.id.to_string()),
             Snapshot::Clusters(v) => each(v, |c| c.name.clone()),
             Snapshot::Teams(v) => each(v, |t| t.name.clone()),
+            Snapshot::Events(v) => each(v, |e| format!("{:020}", e.seq)),
         }
     }
 
@@ -138,6 +166,7 @@ impl Snapshot {
             Snapshot::Workloads(v) => to_text(v, format),
             Snapshot::Clusters(v) => to_text(v, format),
             Snapshot::Teams(v) => to_text(v, format),
+            Snapshot::Events(v) => to_text(v, format),
         }
     }
 }
@@ -151,9 +180,13 @@ fn check_filters(a: &GetArgs) -> Result<Option<String>, UsageError> {
                 Resource::Workloads => "workloads",
                 Resource::Clusters => "clusters",
                 Resource::Teams => "teams",
+                Resource::Events => "events",
             }
         ))
     };
+    if a.resource != Resource::Events && a.workload.is_some() {
+        return Err(unsupported("--workload"));
+    }
     match a.resource {
         Resource::Workloads => a
             .state
@@ -166,11 +199,33 @@ fn check_filters(a: &GetArgs) -> Result<Option<String>, UsageError> {
         Resource::Teams if a.state.is_some() => Err(unsupported("--state")),
         Resource::Teams if a.cluster.is_some() => Err(unsupported("--cluster")),
         Resource::Teams => Ok(None),
+        Resource::Events if a.team.is_some() => Err(unsupported("--team")),
+        Resource::Events if a.state.is_some() => Err(unsupported("--state")),
+        Resource::Events if a.cluster.is_some() => Err(unsupported("--cluster")),
+        Resource::Events => Ok(None),
     }
 }
 
-async fn fetch(client: &Client, a: &GetArgs, state: &Option<String>) -> anyhow::Result<Snapshot> {
+/// One poll. `cursor` is the newest event seen: the first events poll
+/// takes the most recent `--tail`, later ones what came after.
+async fn fetch(
+    client: &Client,
+    a: &GetArgs,
+    state: &Option<String>,
+    cursor: &mut u64,
+) -> anyhow::Result<Snapshot> {
     Ok(match a.resource {
+        Resource::Events => {
+            let es = if *cursor == 0 {
+                client.events(0, Some(a.tail), a.workload).await?
+            } else {
+                client.events(*cursor, None, a.workload).await?
+            };
+            if let Some(last) = es.last() {
+                *cursor = last.seq;
+            }
+            Snapshot::Events(es)
+        }
         Resource::Workloads => {
             let filter = WorkloadFilter {
                 team: a.team.clone(),
@@ -197,9 +252,22 @@ async fn fetch(client: &Client, a: &GetArgs, state: &Option<String>) -> anyhow::
     })
 }
 
+/// The terminal's width when stdout is one: `COLUMNS`, else what the
+/// terminal says.
+fn terminal_columns() -> Option<usize> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .or_else(|| terminal_size::terminal_size().map(|(w, _)| usize::from(w.0)))
+}
+
 fn structured(format: ListFormat) -> Option<ObjectFormat> {
     match format {
-        ListFormat::Table | ListFormat::Name => None,
+        ListFormat::Table | ListFormat::Wide | ListFormat::Name => None,
         ListFormat::Json => Some(ObjectFormat::Json),
         ListFormat::Yaml => Some(ObjectFormat::Yaml),
     }
@@ -210,7 +278,8 @@ pub async fn run(client: &Client, a: GetArgs) -> anyhow::Result<ExitCode> {
     if a.watch && a.output == ListFormat::Name {
         return Err(UsageError("-o name lists once; drop -w or use -o json".into()).into());
     }
-    let snap = fetch(client, &a, &state).await?;
+    let mut cursor = 0;
+    let snap = fetch(client, &a, &state, &mut cursor).await?;
     if !a.watch {
         match structured(a.output) {
             Some(format) => print!("{}", snap.to_text(format)?),
@@ -220,20 +289,23 @@ pub async fn run(client: &Client, a: GetArgs) -> anyhow::Result<ExitCode> {
                 }
             }
             None if snap.len() == 0 => eprintln!("no {} found", resource_name(a.resource)),
-            None if a.no_headers => {
-                let rows = snap.rows(now_ms());
-                let w = table::widths(snap.headers(), &rows);
-                for r in &rows {
-                    println!("{}", table::render_line(&r.cells, &w));
+            None => {
+                let rows = snap.rows_for(now_ms(), a.output);
+                if a.no_headers {
+                    let w = table::widths(snap.headers(), &rows);
+                    for r in &rows {
+                        println!("{}", table::render_line(&r.cells, &w));
+                    }
+                } else {
+                    print!("{}", table::render(snap.headers(), &rows));
                 }
             }
-            None => print!("{}", snap.table(now_ms())),
         }
         return Ok(ExitCode::SUCCESS);
     }
     match structured(a.output) {
-        None => watch_table(client, &a, &state, snap).await,
-        Some(format) => watch_structured(client, &a, &state, snap, format).await,
+        None => watch_table(client, &a, &state, snap, cursor).await,
+        Some(format) => watch_structured(client, &a, &state, snap, format, cursor).await,
     }
 }
 
@@ -242,16 +314,21 @@ fn resource_name(r: Resource) -> &'static str {
         Resource::Workloads => "workloads",
         Resource::Clusters => "clusters",
         Resource::Teams => "teams",
+        Resource::Events => "events",
     }
 }
 
 /// Rows of this poll that differ from the previous poll (ignoring volatile
-/// columns), in table order; updates `seen`.
+/// columns), in table order; updates `seen`, which keeps only this poll's
+/// rows (so a watch running for weeks does not grow).
 pub fn changed_rows(
     rows: Vec<Row>,
     volatile: &[usize],
     seen: &mut BTreeMap<String, Vec<String>>,
 ) -> Vec<Row> {
+    let keys: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.key.as_str()).collect();
+    seen.retain(|k, _| keys.contains(k.as_str()));
+    drop(keys);
     let mut out = Vec::new();
     for row in rows {
         let stable = table::stable_cells(&row, volatile);
@@ -263,39 +340,107 @@ pub fn changed_rows(
     out
 }
 
+/// Whether a poll failed because the hub is away (restarting, shutting
+/// down): `-w` keeps trying instead of exiting.
+fn hub_away(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<ClientError>(),
+        Some(ClientError::Unreachable { .. }) | Some(ClientError::Server { status: 503, .. })
+    )
+}
+
+/// Polls until the hub answers, saying once on stderr that it is away and
+/// once that it is back.
+async fn poll(
+    client: &Client,
+    a: &GetArgs,
+    state: &Option<String>,
+    cursor: &mut u64,
+    ticker: &mut tokio::time::Interval,
+) -> anyhow::Result<Snapshot> {
+    let mut away = false;
+    loop {
+        ticker.tick().await;
+        match fetch(client, a, state, cursor).await {
+            Ok(s) => {
+                if away {
+                    eprintln!("axle: reconnected to {}", client.hub());
+                }
+                return Ok(s);
+            }
+            Err(e) if hub_away(&e) => {
+                if !away {
+                    eprintln!("axle: {e:#}; retrying every second (Ctrl-C to stop)");
+                    away = true;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// `HH:MM:SS` (UTC) of a poll, the first column of `-w` rows.
+fn clock(ms: u64) -> String {
+    table::fmt_timestamp(ms)
+        .get(11..19)
+        .unwrap_or_default()
+        .to_string()
+}
+
 async fn watch_table(
     client: &Client,
     a: &GetArgs,
     state: &Option<String>,
     first: Snapshot,
+    mut cursor: u64,
 ) -> anyhow::Result<ExitCode> {
     let volatile = first.volatile_columns();
-    let headers = first.headers();
-    // Widths come from the first rows printed (the header waits for them), so
-    // a watch started on an empty list still lines up.
+    let headers: Vec<&str> = std::iter::once("TIME")
+        .chain(first.headers().iter().copied())
+        .collect();
+    // Widths come from the first rows printed (the header waits for them),
+    // so a watch started on an empty list still lines up; when a later row
+    // is wider, the columns widen and the header is printed again.
     let mut widths: Option<Vec<usize>> = None;
     let mut seen = BTreeMap::new();
     let mut ticker = tokio::time::interval(WATCH_PERIOD);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
     let mut snap = first;
     loop {
-        let changed = changed_rows(snap.rows(now_ms()), volatile, &mut seen);
+        let now = now_ms();
+        let changed = changed_rows(snap.rows_for(now, a.output), volatile, &mut seen);
         if !changed.is_empty() {
-            let w = widths.get_or_insert_with(|| {
-                let w = table::widths(headers, &changed);
-                if !a.no_headers {
-                    println!("{}", table::render_line(headers, &w));
+            let rows: Vec<Vec<String>> = changed
+                .into_iter()
+                .map(|r| std::iter::once(clock(now)).chain(r.cells).collect())
+                .collect();
+            let reprint = match &mut widths {
+                None => {
+                    let mut w: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+                    for r in &rows {
+                        table::grow_widths(&mut w, r);
+                    }
+                    widths = Some(w);
+                    true
                 }
-                w
-            });
-            for row in changed {
-                // Columns only ever widen, so later rows stay as aligned as they can.
-                table::grow_widths(w, &row.cells);
-                println!("{}", table::render_line(&row.cells, w));
+                Some(w) => {
+                    let before = w.clone();
+                    for r in &rows {
+                        table::grow_widths(w, r);
+                    }
+                    *w != before
+                }
+            };
+            let w = widths.as_ref().expect("set above");
+            if reprint && !a.no_headers {
+                println!("{}", table::render_line(&headers, w));
+            }
+            for row in rows {
+                println!("{}", table::render_line(&row, w));
             }
         }
-        ticker.tick().await;
-        snap = fetch(client, a, state).await?;
+        snap = poll(client, a, state, &mut cursor, &mut ticker).await?;
     }
 }
 
@@ -305,13 +450,19 @@ async fn watch_structured(
     state: &Option<String>,
     first: Snapshot,
     format: ObjectFormat,
+    mut cursor: u64,
 ) -> anyhow::Result<ExitCode> {
     let mut seen: BTreeMap<String, serde_json::Value> = BTreeMap::new();
     let mut ticker = tokio::time::interval(WATCH_PERIOD);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
     let mut snap = first;
     loop {
-        for (key, value) in snap.items()? {
+        let items = snap.items()?;
+        let keys: std::collections::BTreeSet<String> =
+            items.iter().map(|(k, _)| k.clone()).collect();
+        seen.retain(|k, _| keys.contains(k));
+        for (key, value) in items {
             let mut stable = value.clone();
             if let Some(obj) = stable.as_object_mut() {
                 for f in VOLATILE_FIELDS {
@@ -326,8 +477,7 @@ async fn watch_structured(
                 print!("{}", to_text(&value, format)?);
             }
         }
-        ticker.tick().await;
-        snap = fetch(client, a, state).await?;
+        snap = poll(client, a, state, &mut cursor, &mut ticker).await?;
     }
 }
 

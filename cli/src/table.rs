@@ -1,7 +1,7 @@
 //! kubectl-style aligned tables and value formatting: pure functions from API
 //! views (and a caller-supplied `now_ms`) to text.
 
-use axle_proto::api::{ClusterView, TeamView, WorkloadView};
+use axle_proto::api::{ClusterView, EventView, TeamView, WorkloadView};
 
 /// Spaces between columns (kubectl uses 3).
 const COLUMN_GAP: usize = 3;
@@ -39,6 +39,9 @@ pub const TEAM_HEADERS: &[&str] = &[
     "RUNNING",
 ];
 pub const TEAM_VOLATILE: &[usize] = &[];
+
+pub const EVENT_HEADERS: &[&str] = &["TIME", "KIND", "WORKLOAD", "CLUSTER", "MESSAGE"];
+pub const EVENT_VOLATILE: &[usize] = &[];
 
 /// A table row with the key that identifies it across polls (`-w`).
 #[derive(Debug, Clone, PartialEq)]
@@ -103,6 +106,8 @@ pub fn render_line<S: AsRef<str>>(cells: &[S], widths: &[usize]) -> String {
             out.extend(std::iter::repeat_n(' ', pad));
         }
     }
+    // Empty trailing cells leave no trailing spaces.
+    out.truncate(out.trim_end_matches(' ').len());
     out
 }
 
@@ -116,6 +121,28 @@ pub fn render(headers: &[&str], rows: &[Row]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Narrowest the last column is cut to when fitting a terminal: a reason
+/// cut shorter than this says nothing.
+pub const MIN_LAST_COLUMN_CHARS: usize = 20;
+
+/// Cuts the last column of `rows` so every line fits `max_line` characters
+/// (a terminal's width), never below [`MIN_LAST_COLUMN_CHARS`].
+pub fn fit_last_column(headers: &[&str], rows: &mut [Row], max_line: usize) {
+    let w = widths(headers, rows);
+    let Some((_, before)) = w.split_last() else {
+        return;
+    };
+    let used: usize = before.iter().map(|c| c + COLUMN_GAP).sum();
+    let room = max_line.saturating_sub(used).max(MIN_LAST_COLUMN_CHARS);
+    for r in rows.iter_mut() {
+        if let Some(last) = r.cells.last_mut()
+            && width(last) > room
+        {
+            *last = truncate(last, room);
+        }
+    }
 }
 
 /// Cuts `s` to at most `max_chars` characters, ending in '…' when cut.
@@ -226,6 +253,7 @@ pub fn workload_rows(ws: &[WorkloadView], now_ms: u64) -> Vec<Row> {
     ws.iter().map(|w| workload_row(w, now_ms)).collect()
 }
 
+#[cfg(test)]
 pub fn workloads_table(ws: &[WorkloadView], now_ms: u64) -> String {
     render(WORKLOAD_HEADERS, &workload_rows(ws, now_ms))
 }
@@ -278,11 +306,14 @@ pub fn cluster_rows(cs: &[ClusterView], now_ms: u64) -> Vec<Row> {
     cs.iter().map(|c| cluster_row(c, now_ms)).collect()
 }
 
+#[cfg(test)]
 pub fn clusters_table(cs: &[ClusterView], now_ms: u64) -> String {
     render(CLUSTER_HEADERS, &cluster_rows(cs, now_ms))
 }
 
-/// One row per quota class; a team without quotas still gets a row.
+/// One row per quota class; a team without quotas still gets a row. The
+/// team's PENDING and RUNNING counts are on its first row only, so no
+/// figure repeats on every class row.
 pub fn team_rows(t: &TeamView) -> Vec<Row> {
     let counts = [t.pending.to_string(), t.running.to_string()];
     if t.quotas.is_empty() {
@@ -296,16 +327,25 @@ pub fn team_rows(t: &TeamView) -> Vec<Row> {
     }
     t.quotas
         .iter()
-        .map(|q| {
+        .enumerate()
+        .map(|(i, q)| {
             let mut cells = vec![
-                t.name.clone(),
+                if i == 0 {
+                    t.name.clone()
+                } else {
+                    String::new()
+                },
                 q.gpu_class.clone(),
                 fmt_gpus(q.used),
                 fmt_gpus(q.guaranteed),
                 fmt_gpus(q.limit),
                 fmt_gpus(q.borrowed),
             ];
-            cells.extend(counts.iter().cloned());
+            if i == 0 {
+                cells.extend(counts.iter().cloned());
+            } else {
+                cells.extend([String::new(), String::new()]);
+            }
             Row {
                 key: format!("{}/{}", t.name, q.gpu_class),
                 cells,
@@ -318,8 +358,32 @@ pub fn teams_rows(ts: &[TeamView]) -> Vec<Row> {
     ts.iter().flat_map(team_rows).collect()
 }
 
+#[cfg(test)]
 pub fn teams_table(ts: &[TeamView]) -> String {
     render(TEAM_HEADERS, &teams_rows(ts))
+}
+
+pub fn event_row(e: &EventView) -> Row {
+    Row {
+        key: format!("{:020}", e.seq),
+        cells: vec![
+            fmt_timestamp(e.at_ms),
+            e.kind.clone(),
+            e.workload
+                .map_or_else(|| "-".to_string(), |w| w.to_string()),
+            dash(e.cluster.as_deref()),
+            e.message.clone(),
+        ],
+    }
+}
+
+pub fn event_rows(es: &[EventView]) -> Vec<Row> {
+    es.iter().map(event_row).collect()
+}
+
+#[cfg(test)]
+pub fn events_table(es: &[EventView]) -> String {
+    render(EVENT_HEADERS, &event_rows(es))
 }
 
 /// The cells `-w` compares: volatile columns blanked.
@@ -375,6 +439,7 @@ pub(crate) mod tests {
             checkpoint_interval_s: None,
             preemption_log: vec![],
             lost_gpu_hours: 0.0,
+            run_ms: 0,
             history: vec![],
         }
     }
@@ -477,6 +542,20 @@ pub(crate) mod tests {
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(col(lines[0]), col(lines[1]));
         assert_eq!(col(lines[1]), col(lines[2]));
+    }
+
+    #[test]
+    fn the_last_column_is_cut_to_fit_the_terminal_but_not_below_the_floor() {
+        let mut rows = vec![Row {
+            key: "1".into(),
+            cells: vec!["12".into(), "Pending".into(), "y".repeat(100)],
+        }];
+        fit_last_column(&["ID", "STATE", "REASON"], &mut rows, 50);
+        let line = render_line(&rows[0].cells, &widths(&["ID", "STATE", "REASON"], &rows));
+        assert_eq!(line.chars().count(), 50, "{line}");
+        assert!(line.ends_with('…'));
+        fit_last_column(&["ID", "STATE", "REASON"], &mut rows, 10);
+        assert_eq!(rows[0].cells[2].chars().count(), MIN_LAST_COLUMN_CHARS);
     }
 
     #[test]
@@ -613,11 +692,34 @@ pub(crate) mod tests {
             out,
             "TEAM     CLASS   USED   GUARANTEED   LIMIT   BORROWED   PENDING   RUNNING\n\
              vision   H100    20     16           32      4          3         9\n\
-             vision   L4      0.5    4            8       0          3         9\n\
+             \x20        L4      0.5    4            8       0\n\
              nlp      -       0      0            0       0          0         0\n"
         );
         let keys: Vec<String> = teams_rows(&[]).into_iter().map(|r| r.key).collect();
         assert!(keys.is_empty());
+    }
+
+    #[test]
+    fn events_show_time_kind_workload_cluster_and_message() {
+        let e = EventView {
+            seq: 7,
+            at_ms: 1_700_000_000_000,
+            kind: "placed".into(),
+            workload: Some(12),
+            cluster: Some("eu-1".into()),
+            message: "workload 12 placed on eu-1 (node-0 GPU 3)".into(),
+            policy_revision: "r1".into(),
+        };
+        let mut bare = e.clone();
+        bare.workload = None;
+        bare.cluster = None;
+        bare.message = "hub started\u{1b}[2J".into();
+        assert_eq!(
+            events_table(&[e, bare]),
+            "TIME                       KIND     WORKLOAD   CLUSTER   MESSAGE\n\
+             2023-11-14 22:13:20.000Z   placed   12         eu-1      workload 12 placed on eu-1 (node-0 GPU 3)\n\
+             2023-11-14 22:13:20.000Z   placed   -          -         hub started\\u{1b}[2J\n"
+        );
     }
 
     #[test]

@@ -150,6 +150,10 @@ pub struct WorkloadView {
     /// Work lost to all its preemptions.
     #[serde(default)]
     pub lost_gpu_hours: f64,
+    /// Time it ran in its runs that ended (preempted, re-queued, finished),
+    /// ms; a running workload's current run adds `now - started_at_ms`.
+    #[serde(default)]
+    pub run_ms: u64,
     pub history: Vec<TransitionView>,
 }
 

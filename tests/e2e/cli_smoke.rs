@@ -104,6 +104,30 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
         );
     }
 
+    // get events: the workload's own, as a table and as JSON.
+    let out = axle_cli(&hub, &["get", "events", "--workload", &id.to_string()]).await;
+    ok("get events", &out);
+    let kinds: Vec<&str> = out
+        .stdout
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["submitted", "placed", "started", "succeeded"],
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.starts_with("TIME"), "{}", out.stdout);
+    let out = axle_cli(&hub, &["get", "events", "--tail", "1", "-o", "json"]).await;
+    ok("get events -o json", &out);
+    let events: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).expect("events json");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(events[0]["at"].is_string(), "RFC 3339 twin: {events:?}");
+    let out = axle_cli(&hub, &["get", "events", "--state", "Running"]).await;
+    assert_eq!(out.code, 2, "--state does not apply to events: {out:#?}");
+
     // logs
     let out = axle_cli(&hub, &["logs", &id.to_string()]).await;
     ok("logs", &out);

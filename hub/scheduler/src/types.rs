@@ -421,20 +421,29 @@ impl fmt::Display for PendingReason {
                 "team {team} has no quota for {gpu_model} GPUs (no {gpu_model} or any entry in its quotas); ask the platform team for one, or ask for a GPU model the team has quota for"
             ),
             PendingReason::NoMatchingCluster { gpu_model, regions } => {
-                let model = gpu_model.as_deref().unwrap_or("GPU");
+                let gpus = match gpu_model {
+                    Some(m) => format!("{m} GPUs"),
+                    None => "GPUs".to_string(),
+                };
                 if regions.is_empty() {
-                    write!(f, "no schedulable cluster has {model} GPUs")?;
+                    write!(f, "no schedulable cluster has {gpus}")?;
                 } else {
                     write!(
                         f,
-                        "no schedulable cluster in region {} has {model} GPUs",
+                        "no schedulable cluster in region {} has {gpus}",
                         regions.join("|")
                     )?;
                 }
-                write!(
-                    f,
-                    "; it starts when such a cluster's spoke connects, or drop the GPU model or region"
-                )
+                match (gpu_model, regions.is_empty()) {
+                    (None, true) => write!(
+                        f,
+                        "; it starts when a cluster's spoke connects (axle get clusters shows them)"
+                    ),
+                    _ => write!(
+                        f,
+                        "; it starts when such a cluster's spoke connects, or drop the GPU model or region"
+                    ),
+                }
             }
             PendingReason::NeedsImage { clusters } => write!(
                 f,
@@ -526,4 +535,30 @@ pub struct Decisions {
     pub burst_wanted: Vec<BurstWanted>,
     /// A reason for every workload left waiting (when the cycle explains).
     pub pending: Vec<(WorkloadId, PendingReason)>,
+}
+
+#[cfg(test)]
+mod reason_text_tests {
+    use super::PendingReason;
+
+    #[test]
+    fn a_request_without_a_model_waiting_for_any_cluster_reads_plainly() {
+        // Observed: "no schedulable cluster has GPU GPUs".
+        let r = PendingReason::NoMatchingCluster {
+            gpu_model: None,
+            regions: Vec::new(),
+        };
+        assert_eq!(
+            r.to_string(),
+            "no schedulable cluster has GPUs; it starts when a cluster's spoke connects (axle get clusters shows them)"
+        );
+        let r = PendingReason::NoMatchingCluster {
+            gpu_model: Some("H100".into()),
+            regions: vec!["eu-west".into()],
+        };
+        assert!(
+            r.to_string()
+                .starts_with("no schedulable cluster in region eu-west has H100 GPUs; ")
+        );
+    }
 }

@@ -80,6 +80,7 @@ fn record(id: u64, finished_at_ms: u64) -> WorkloadRecord {
         ],
         preemption_log: Vec::new(),
         lost_gpu_ms: 0,
+        run_ms: 0,
     }
 }
 

@@ -333,6 +333,8 @@ struct EventQuery {
     since: u64,
     limit: Option<usize>,
     workload: Option<u64>,
+    /// Only the most recent N (instead of those after `since`).
+    tail: Option<usize>,
 }
 
 async fn events(
@@ -341,12 +343,16 @@ async fn events(
 ) -> Response {
     let Ok(Query(q)) = q else {
         return err(HubError::bad(
-            "bad query: since and limit must be numbers, workload an id",
+            "bad query: since, limit and tail must be numbers, workload an id",
             None,
         ));
     };
     let limit = q.limit.unwrap_or(1000).min(MAX_EVENTS_PER_PAGE);
-    match hub.events_since(q.since, limit, q.workload) {
+    let events = match q.tail {
+        Some(n) => Ok(hub.events_tail(n.min(MAX_EVENTS_PER_PAGE), q.workload)),
+        None => hub.events_since(q.since, limit, q.workload),
+    };
+    match events {
         Ok(events) => {
             let v: Vec<api::EventView> = events.iter().map(|e| views::event(e)).collect();
             json(StatusCode::OK, &v)

@@ -119,6 +119,10 @@ pub struct WorkloadRecord {
     /// Work lost to every preemption, GPU-milliseconds.
     #[serde(default)]
     pub lost_gpu_ms: u64,
+    /// Time spent running in runs that ended, ms (absent in older records:
+    /// 0). The current run is counted from `started_at_ms`.
+    #[serde(default)]
+    pub run_ms: u64,
 }
 
 /// One preemption of a workload, for `axle describe`.

@@ -79,6 +79,7 @@ pub fn workload(
             })
             .collect(),
         lost_gpu_hours: w.lost_gpu_ms as f64 / 3.6e6,
+        run_ms: w.run_ms,
         history: w
             .history
             .iter()

@@ -323,6 +323,22 @@ impl ReadView {
 }
 
 impl Hub {
+    /// The most recent `n` events (of `workload` when given) in the
+    /// snapshot's window, oldest first.
+    pub fn events_tail(&self, n: usize, workload: Option<u64>) -> Vec<Arc<EventRecord>> {
+        let read = self.read();
+        let mut out: Vec<Arc<EventRecord>> = read
+            .events
+            .iter()
+            .rev()
+            .filter(|e| workload.is_none_or(|w| e.workload == Some(w)))
+            .take(n)
+            .cloned()
+            .collect();
+        out.reverse();
+        out
+    }
+
     /// Events after `since` (oldest first): from the snapshot, or from the
     /// store when they are older than its window.
     pub fn events_since(

@@ -520,3 +520,22 @@ fn core_errors_name_the_field_for_clients() {
         None
     );
 }
+
+#[tokio::test]
+async fn run_time_adds_up_over_every_run_of_a_workload() {
+    // Observed: describe showed only the last run's time after a preemption.
+    let mut core = Core::new().await;
+    let _rx = core.register(1, T0).await;
+    let id = core.submit(1.0, T0).await;
+    core.report(1, id, pb::Phase::Started, T0).await;
+    // The spoke stops it without being asked (it shut down): re-queued,
+    // and placed again by the same batch's cycle.
+    core.report(1, id, pb::Phase::Stopped, T0 + 10_000).await;
+    assert_eq!(core.inner.workloads[&id].run_ms, 10_000);
+    assert_eq!(core.state(id), WState::Placed);
+    core.report(1, id, pb::Phase::Started, T0 + 20_000).await;
+    core.report(1, id, pb::Phase::Succeeded, T0 + 25_000).await;
+    let w = &core.inner.workloads[&id];
+    assert_eq!(w.state, WState::Succeeded);
+    assert_eq!(w.run_ms, 15_000, "10 s + 5 s, not the 5 s of the last run");
+}

@@ -15,6 +15,14 @@ use crate::records::*;
 pub(super) fn transition(w: &mut WorkloadRecord, event: WEvent, now: u64, reason: String) -> bool {
     match step(w.state, event) {
         Ok(to) => {
+            // A run ends: its time counts, whatever comes next (a
+            // preemption, a lost spoke, the end).
+            if w.state == WState::Running
+                && to != WState::Running
+                && let Some(started) = w.started_at_ms
+            {
+                w.run_ms = w.run_ms.saturating_add(now.saturating_sub(started));
+            }
             w.history.push(TransitionRecord {
                 at_ms: now,
                 from: w.state,
@@ -161,6 +169,7 @@ impl Inner {
             history: Vec::new(),
             preemption_log: Vec::new(),
             lost_gpu_ms: 0,
+            run_ms: 0,
         };
         let spec = spec_of(&w);
         if let Err(e) = self.state.submit(spec) {
