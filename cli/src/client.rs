@@ -326,12 +326,23 @@ impl Client {
     }
 
     /// `GET /api/v1/workloads/{id}/logs?offset=N`.
-    pub async fn logs(&self, id: u64, offset: u64) -> Result<LogsView, ClientError> {
-        self.get(
-            &format!("api/v1/workloads/{id}/logs"),
-            &[("offset", offset.to_string())],
-        )
-        .await
+    /// With `since_ms`, from the first output that reached the hub at or
+    /// after it; with `timestamps`, with when each part arrived.
+    pub async fn logs(
+        &self,
+        id: u64,
+        offset: u64,
+        since_ms: Option<u64>,
+        timestamps: bool,
+    ) -> Result<LogsView, ClientError> {
+        let mut q = vec![("offset", offset.to_string())];
+        if let Some(ms) = since_ms {
+            q.push(("since_ms", ms.to_string()));
+        }
+        if timestamps {
+            q.push(("timestamps", "true".to_string()));
+        }
+        self.get(&format!("api/v1/workloads/{id}/logs"), &q).await
     }
 
     /// `GET /api/v1/clusters`.

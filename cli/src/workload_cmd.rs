@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axle_proto::api::{SubmitRequest, WorkloadView};
+use axle_proto::api::{LogTimeView, SubmitRequest, WorkloadView};
 use clap::{Args, Subcommand};
 
 use crate::args::{
@@ -119,6 +119,65 @@ pub struct LogsArgs {
     /// Only the last N lines of the output so far (then follow, with -f).
     #[arg(long, value_name = "N")]
     tail: Option<usize>,
+    /// Only output that reached the hub in this last stretch (90s, 10m, 2h).
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::parse_duration_s)]
+    since: Option<u64>,
+    /// Start every line with the time it reached the hub (RFC 3339, to the
+    /// second).
+    #[arg(long)]
+    timestamps: bool,
+}
+
+/// Puts the arrival time in front of every line of a log read piece by
+/// piece.
+#[derive(Debug)]
+pub struct Stamper {
+    at_line_start: bool,
+    /// The time of the latest index entry passed.
+    last_ms: Option<u64>,
+}
+
+impl Default for Stamper {
+    fn default() -> Stamper {
+        Stamper::new()
+    }
+}
+
+impl Stamper {
+    pub fn new() -> Stamper {
+        Stamper {
+            at_line_start: true,
+            last_ms: None,
+        }
+    }
+
+    /// `data` as read from `offset`, with `times` (offset, at_ms) ascending.
+    pub fn stamp(&mut self, data: &str, offset: u64, times: &[LogTimeView]) -> String {
+        let mut out = String::with_capacity(data.len() + data.len() / 8);
+        let mut next = times.iter().peekable();
+        for (i, c) in data.char_indices() {
+            let at = offset + i as u64;
+            while let Some(t) = next.peek() {
+                if t.offset > at {
+                    break;
+                }
+                self.last_ms = Some(t.at_ms);
+                next.next();
+            }
+            if self.at_line_start {
+                match self.last_ms {
+                    Some(ms) => {
+                        out.push_str(&crate::table::fmt_timestamp(ms).replacen(' ', "T", 1));
+                        out.push(' ');
+                    }
+                    None => out.push_str("-                        "),
+                }
+            }
+            out.push(c);
+            self.at_line_start = c == '\n';
+        }
+        out
+    }
 }
 
 /// The last `n` lines of `text` (a trailing newline ends the last line).
@@ -292,21 +351,32 @@ pub async fn cancel(client: &Client, a: CancelArgs) -> anyhow::Result<ExitCode> 
 
 pub async fn logs(client: &Client, a: LogsArgs) -> anyhow::Result<ExitCode> {
     let mut offset = 0;
+    let mut since_ms = a
+        .since
+        .map(|s| now_ms().saturating_sub(s.saturating_mul(1000)));
+    let mut stamper = a.timestamps.then(Stamper::new);
     // With --tail, what exists now is gathered first and only its end shown.
     let mut held: Option<String> = a.tail.map(|_| String::new());
     loop {
-        let chunk = client.logs(a.id, offset).await?;
-        if !chunk.data.is_empty() {
+        let chunk = client
+            .logs(a.id, offset, since_ms.take(), a.timestamps)
+            .await?;
+        let offset_read = chunk.offset;
+        let data = match &mut stamper {
+            Some(s) => s.stamp(&chunk.data, chunk.offset, &chunk.times),
+            None => chunk.data.clone(),
+        };
+        if !data.is_empty() {
             match &mut held {
-                Some(buf) => buf.push_str(&chunk.data),
+                Some(buf) => buf.push_str(&data),
                 None => {
-                    if !write_out(&chunk.data)? {
+                    if !write_out(&data)? {
                         return Ok(ExitCode::SUCCESS);
                     }
                 }
             }
         }
-        let advanced = chunk.next_offset > offset;
+        let advanced = chunk.next_offset > offset_read;
         offset = chunk.next_offset;
         if advanced {
             // More may already be there: read on without waiting.
@@ -337,6 +407,29 @@ pub async fn logs(client: &Client, a: LogsArgs) -> anyhow::Result<ExitCode> {
 mod tests {
     use super::*;
     use crate::table::tests::{running_workload, workload};
+
+    #[test]
+    fn every_line_gets_the_time_its_bytes_reached_the_hub() {
+        let t = |offset, at_ms| LogTimeView { offset, at_ms };
+        let mut s = Stamper::new();
+        // Bytes 0.. arrived at :20, bytes 6.. at :21.
+        let out = s.stamp(
+            "one\ntwo\nthr",
+            0,
+            &[t(0, 1_700_000_000_000), t(6, 1_700_000_001_000)],
+        );
+        assert_eq!(
+            out,
+            "2023-11-14T22:13:20.000Z one\n2023-11-14T22:13:21.000Z two\n2023-11-14T22:13:21.000Z thr"
+        );
+        // The next piece continues the line: no stamp in the middle of it.
+        let out = s.stamp(
+            "ee\nfour\n",
+            11,
+            &[t(6, 1_700_000_001_000), t(14, 1_700_000_002_000)],
+        );
+        assert_eq!(out, "ee\n2023-11-14T22:13:22.000Z four\n");
+    }
 
     #[test]
     fn last_lines_of_a_log() {

@@ -234,6 +234,17 @@ pub struct LogsView {
     pub next_offset: u64,
     /// True when the workload has finished and no more output will come.
     pub complete: bool,
+    /// With `timestamps=true`: when the parts of this range reached the hub
+    /// (the last entry at or before `offset`, then those inside it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub times: Vec<LogTimeView>,
+}
+
+/// The bytes from `offset` reached the hub at `at_ms` (to the second).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogTimeView {
+    pub offset: u64,
+    pub at_ms: u64,
 }
 
 /// Every error body: what is wrong and what to fix.

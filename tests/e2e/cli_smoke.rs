@@ -136,6 +136,23 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
         "logs should hold the workload's output:\n{}",
         out.stdout
     );
+    // --timestamps: every line starts with when it reached the hub.
+    let out = axle_cli(&hub, &["logs", "--timestamps", &id.to_string()]).await;
+    ok("logs --timestamps", &out);
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.contains("hello-from-axle"))
+        .unwrap_or_else(|| panic!("{out:#?}"));
+    let (stamp, rest) = line.split_once(' ').expect("a stamp, then the line");
+    assert!(
+        stamp.starts_with("20") && stamp.ends_with('Z') && stamp.contains('T'),
+        "{line}"
+    );
+    assert_eq!(rest, "hello-from-axle 0.5");
+    let out = axle_cli(&hub, &["logs", "--since", "1h", &id.to_string()]).await;
+    ok("logs --since", &out);
+    assert!(out.stdout.contains("hello-from-axle 0.5"), "{out:#?}");
 
     // --tail, and -f ending with the workload's outcome.
     let out = axle_cli(

@@ -118,7 +118,8 @@ async fn read_session(
                     },
                     Some(Msg::Log(chunk)) => {
                         if let Err(e) =
-                            logs::write_chunk(&log_dir, hub.config.log_limits, &chunk).await
+                            logs::write_chunk(&log_dir, hub.config.log_limits, &chunk, hub.now_ms())
+                                .await
                         {
                             warn!("cannot store log of workload {}: {e}", chunk.workload_id);
                         }

@@ -270,6 +270,12 @@ async fn cancel(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response
 struct LogQuery {
     #[serde(default)]
     offset: u64,
+    /// Start at the first output that reached the hub at or after this
+    /// time (ms since the epoch) instead of at `offset`.
+    since_ms: Option<u64>,
+    /// Also return when each part of the range arrived.
+    #[serde(default)]
+    timestamps: bool,
 }
 
 async fn get_logs(
@@ -283,7 +289,7 @@ async fn get_logs(
     };
     let Ok(Query(q)) = q else {
         return err(HubError::bad(
-            "offset must be a non-negative number",
+            "offset and since_ms must be non-negative numbers, timestamps true or false",
             Some("offset"),
         ));
     };
@@ -291,25 +297,40 @@ async fn get_logs(
         Some(w) => (w.epoch, w.state.is_terminal()),
         None => return err(HubError::NotFound(format!("workload {id} not found"))),
     };
-    match logs::read(
+    let start = match q.since_ms {
+        Some(ms) => logs::Start::Since(ms),
+        None => logs::Start::Offset(q.offset),
+    };
+    match logs::read_from(
         &logs::dir(&hub.config.data_dir),
         hub.config.log_limits,
         id,
         epoch,
-        q.offset,
+        start,
     )
     .await
     {
-        Ok((data, next)) => {
-            let complete = done && next == q.offset;
+        Ok(r) => {
+            let complete = done && r.next == r.offset;
             json(
                 StatusCode::OK,
                 &api::LogsView {
                     workload: id,
-                    offset: q.offset,
-                    data: String::from_utf8_lossy(&data).into_owned(),
-                    next_offset: next,
+                    offset: r.offset,
+                    data: String::from_utf8_lossy(&r.data).into_owned(),
+                    next_offset: r.next,
                     complete,
+                    times: if q.timestamps {
+                        r.times
+                            .iter()
+                            .map(|t| api::LogTimeView {
+                                offset: t.offset,
+                                at_ms: t.at_ms,
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
                 },
             )
         }

@@ -65,6 +65,74 @@ fn head_file(dir: &Path, workload: u64, epoch: u64) -> PathBuf {
     dir.join(format!("{workload}-{epoch}.log"))
 }
 
+/// When each part of a log arrived: (offset, hub time in ms) pairs, 16
+/// bytes each, at most one per [`TIME_INDEX_EVERY_MS`].
+fn times_file(dir: &Path, workload: u64, epoch: u64) -> PathBuf {
+    dir.join(format!("{workload}-{epoch}.times"))
+}
+
+/// One time-index entry per second of output at most: `axle logs
+/// --timestamps` and `--since` are exact to the second, and a week-long
+/// run's index stays under 10 MB.
+pub const TIME_INDEX_EVERY_MS: u64 = 1000;
+
+/// Entries kept per run's time index: a week of one per second.
+pub const MAX_TIME_ENTRIES: u64 = 7 * 24 * 3600;
+
+/// When a part of a workload's log arrived at the hub: `offset` in the
+/// workload's whole log (all runs), `at_ms` hub time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogTime {
+    pub offset: u64,
+    pub at_ms: u64,
+}
+
+async fn read_times(dir: &Path, workload: u64, epoch: u64) -> std::io::Result<Vec<LogTime>> {
+    let bytes = match tokio::fs::read(times_file(dir, workload, epoch)).await {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    Ok(bytes
+        .chunks_exact(16)
+        .map(|c| LogTime {
+            offset: u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
+            at_ms: u64::from_le_bytes(c[8..].try_into().expect("8 bytes")),
+        })
+        .collect())
+}
+
+/// Notes that the bytes from `offset` arrived at `at_ms`, unless the last
+/// entry is less than [`TIME_INDEX_EVERY_MS`] older or at a later offset
+/// (a re-sent chunk).
+async fn note_time(dir: &Path, w: u64, e: u64, offset: u64, at_ms: u64) -> std::io::Result<()> {
+    let path = times_file(dir, w, e);
+    let len = tokio::fs::metadata(&path).await.map_or(0, |m| m.len());
+    if len >= MAX_TIME_ENTRIES * 16 {
+        return Ok(());
+    }
+    if len >= 16 {
+        let mut f = tokio::fs::File::open(&path).await?;
+        f.seek(SeekFrom::Start(len - (len % 16) - 16)).await?;
+        let mut last = [0u8; 16];
+        f.read_exact(&mut last).await?;
+        let last_offset = u64::from_le_bytes(last[..8].try_into().expect("8 bytes"));
+        let last_at = u64::from_le_bytes(last[8..].try_into().expect("8 bytes"));
+        if offset <= last_offset || at_ms < last_at.saturating_add(TIME_INDEX_EVERY_MS) {
+            return Ok(());
+        }
+    }
+    let mut f = tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .await?;
+    let mut entry = [0u8; 16];
+    entry[..8].copy_from_slice(&offset.to_le_bytes());
+    entry[8..].copy_from_slice(&at_ms.to_le_bytes());
+    f.write_all(&entry).await
+}
+
 fn tail_file(dir: &Path, workload: u64, epoch: u64, k: u64) -> PathBuf {
     dir.join(format!("{workload}-{epoch}.tail.{k}"))
 }
@@ -121,6 +189,7 @@ pub async fn write_chunk(
     dir: &Path,
     limits: LogLimits,
     c: &pb::LogChunk,
+    at_ms: u64,
 ) -> Result<(), ChunkError> {
     let end = c.offset.saturating_add(c.data.len() as u64);
     if end > MAX_LOG_OFFSET {
@@ -131,6 +200,9 @@ pub async fn write_chunk(
     }
     tokio::fs::create_dir_all(dir).await?;
     let (w, e) = (c.workload_id, c.epoch);
+    if !c.data.is_empty() {
+        note_time(dir, w, e, c.offset, at_ms).await?;
+    }
     let mut at = c.offset;
     let mut data: &[u8] = &c.data;
     if at < limits.head {
@@ -169,10 +241,19 @@ async fn pieces(
 ) -> std::io::Result<(Vec<(u64, PathBuf, u64)>, u64)> {
     let mut out = Vec::new();
     let head = head_file(dir, workload, epoch);
-    if let Ok(m) = tokio::fs::metadata(&head).await {
-        out.push((0, head, m.len()));
+    let head_len = tokio::fs::metadata(&head).await.map(|m| m.len()).ok();
+    if let Some(len) = head_len {
+        out.push((0, head, len));
     }
-    for k in segments(dir, workload, epoch).await? {
+    // Tail segments exist only once the head is full: no directory listing
+    // (O(files)) for the common short log.
+    let full = head_len.is_some_and(|l| l >= limits.head);
+    let ks = if full {
+        segments(dir, workload, epoch).await?
+    } else {
+        Vec::new()
+    };
+    for k in ks {
         let path = tail_file(dir, workload, epoch, k);
         if let Ok(m) = tokio::fs::metadata(&path).await {
             out.push((limits.head + k * limits.segment, path, m.len()));
@@ -192,11 +273,66 @@ pub async fn read(
     max_epoch: u64,
     offset: u64,
 ) -> std::io::Result<(Vec<u8>, u64)> {
+    read_from(dir, limits, workload, max_epoch, Start::Offset(offset))
+        .await
+        .map(|r| (r.data, r.next))
+}
+
+/// Where a read starts.
+#[derive(Debug, Clone, Copy)]
+pub enum Start {
+    Offset(u64),
+    /// The first output that arrived at or after this hub time.
+    Since(u64),
+}
+
+/// What a read returns: the bytes from `offset`, the next offset, and when
+/// the parts of the returned range arrived (entries at or before `offset`
+/// included, so the first line has a time too).
+#[derive(Debug, Clone, Default)]
+pub struct Read {
+    pub offset: u64,
+    pub data: Vec<u8>,
+    pub next: u64,
+    pub times: Vec<LogTime>,
+}
+
+/// [`read`] from an offset or a time, with the time index of the range.
+pub async fn read_from(
+    dir: &Path,
+    limits: LogLimits,
+    workload: u64,
+    max_epoch: u64,
+    start: Start,
+) -> std::io::Result<Read> {
+    // Runs in order with their place in the whole log.
+    let mut runs = Vec::new();
     let mut base = 0u64;
-    let mut out = Vec::new();
-    let mut pos = offset;
     for epoch in 1..=max_epoch {
         let (pieces, total) = pieces(dir, limits, workload, epoch).await?;
+        let times: Vec<LogTime> = read_times(dir, workload, epoch)
+            .await?
+            .into_iter()
+            .map(|t| LogTime {
+                offset: base + t.offset,
+                at_ms: t.at_ms,
+            })
+            .collect();
+        runs.push((base, pieces, times));
+        base += total;
+    }
+    let offset = match start {
+        Start::Offset(o) => o,
+        Start::Since(ms) => runs
+            .iter()
+            .flat_map(|(_, _, t)| t)
+            .find(|t| t.at_ms >= ms)
+            .map_or(base, |t| t.offset),
+    };
+    let mut out = Vec::new();
+    let mut pos = offset;
+    for (base, pieces, _) in &runs {
+        let base = *base;
         for (start, path, len) in pieces {
             let (start, end) = (base + start, base + start + len);
             if (out.len() as u64) >= MAX_LOG_READ || end <= pos {
@@ -220,9 +356,21 @@ pub async fn read(
             out.extend_from_slice(&buf);
             pos += want;
         }
-        base += total;
     }
-    Ok((out, pos))
+    let all: Vec<LogTime> = runs.into_iter().flat_map(|(_, _, t)| t).collect();
+    // The last entry at or before `offset`, then those inside the range.
+    let first = all.iter().rposition(|t| t.offset <= offset).unwrap_or(0);
+    let times = all
+        .into_iter()
+        .skip(first)
+        .take_while(|t| t.offset < pos.max(offset + 1))
+        .collect();
+    Ok(Read {
+        offset,
+        data: out,
+        next: pos,
+        times,
+    })
 }
 
 /// Deletes every log file of the given workloads (all epochs, head and
@@ -256,6 +404,50 @@ pub async fn forget(dir: &Path, workloads: &[u64]) -> std::io::Result<usize> {
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn the_time_index_maps_hub_time_to_offsets_across_runs() {
+        let d = tempfile::tempdir().unwrap();
+        let l = LogLimits::default();
+        let c = |epoch, offset, data: &[u8]| pb::LogChunk {
+            workload_id: 3,
+            epoch,
+            offset,
+            data: data.to_vec(),
+        };
+        write_chunk(d.path(), l, &c(1, 0, b"a\n"), 10_000)
+            .await
+            .unwrap();
+        // Within a second of the last entry: not indexed.
+        write_chunk(d.path(), l, &c(1, 2, b"b\n"), 10_500)
+            .await
+            .unwrap();
+        write_chunk(d.path(), l, &c(1, 4, b"c\n"), 12_000)
+            .await
+            .unwrap();
+        // A re-sent chunk does not move time back.
+        write_chunk(d.path(), l, &c(1, 0, b"a\n"), 13_000)
+            .await
+            .unwrap();
+        write_chunk(d.path(), l, &c(2, 0, b"d\n"), 20_000)
+            .await
+            .unwrap();
+        let r = read_from(d.path(), l, 3, 2, Start::Offset(0))
+            .await
+            .unwrap();
+        assert_eq!(r.data, b"a\nb\nc\nd\n");
+        let at: Vec<(u64, u64)> = r.times.iter().map(|t| (t.offset, t.at_ms)).collect();
+        assert_eq!(at, [(0, 10_000), (4, 12_000), (6, 20_000)]);
+        let r = read_from(d.path(), l, 3, 2, Start::Since(11_000))
+            .await
+            .unwrap();
+        assert_eq!((r.offset, r.data.as_slice()), (4, b"c\nd\n".as_slice()));
+        let r = read_from(d.path(), l, 3, 2, Start::Since(99_000))
+            .await
+            .unwrap();
+        assert_eq!((r.offset, r.data.len()), (8, 0), "nothing that new");
+        assert_eq!(forget(d.path(), &[3]).await.unwrap(), 4, "logs and indexes");
+    }
+
     fn chunk(offset: u64, data: &[u8]) -> pb::LogChunk {
         pb::LogChunk {
             workload_id: 7,
@@ -282,14 +474,14 @@ mod tests {
     async fn a_log_within_its_head_reads_back_whole() {
         let d = tempfile::tempdir().unwrap();
         let l = LogLimits::within(1_000);
-        write_chunk(d.path(), l, &chunk(0, b"hello "))
+        write_chunk(d.path(), l, &chunk(0, b"hello "), 0)
             .await
             .unwrap();
-        write_chunk(d.path(), l, &chunk(6, b"world\n"))
+        write_chunk(d.path(), l, &chunk(6, b"world\n"), 0)
             .await
             .unwrap();
         // A re-sent chunk changes nothing.
-        write_chunk(d.path(), l, &chunk(0, b"hello "))
+        write_chunk(d.path(), l, &chunk(0, b"hello "), 0)
             .await
             .unwrap();
         assert_eq!(read_all(d.path(), l).await, b"hello world\n");
@@ -303,14 +495,17 @@ mod tests {
         let l = LogLimits::within(1_000); // head 500, segments of 250
         let line: Vec<u8> = (0..100u8).map(|i| b'a' + i % 26).collect();
         for i in 0..1_000u64 {
-            write_chunk(d.path(), l, &chunk(i * 100, &line))
+            write_chunk(d.path(), l, &chunk(i * 100, &line), 0)
                 .await
                 .unwrap();
         }
         let mut disk = 0;
         let mut rd = std::fs::read_dir(d.path()).unwrap();
         while let Some(Ok(e)) = rd.next() {
-            disk += e.metadata().unwrap().len();
+            // The time index is bounded on its own (MAX_TIME_ENTRIES).
+            if !e.file_name().to_string_lossy().ends_with(".times") {
+                disk += e.metadata().unwrap().len();
+            }
         }
         assert!(disk <= 1_000, "{disk} bytes on disk");
         let all = read_all(d.path(), l).await;
@@ -328,7 +523,7 @@ mod tests {
     async fn an_offset_beyond_any_real_log_is_refused() {
         // Observed: a spoke could create a 1 TB sparse log file.
         let d = tempfile::tempdir().unwrap();
-        let e = write_chunk(d.path(), LogLimits::default(), &chunk(1 << 50, b"x"))
+        let e = write_chunk(d.path(), LogLimits::default(), &chunk(1 << 50, b"x"), 0)
             .await
             .unwrap_err();
         assert!(matches!(e, ChunkError::OffsetTooLarge { .. }), "{e}");
