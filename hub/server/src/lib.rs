@@ -69,4 +69,21 @@ mod layering {
         // The walk found the hub's real dependencies.
         assert!(seen.contains("axle-scheduler") && seen.contains("tonic"));
     }
+
+    #[test]
+    fn the_core_knows_neither_grpc_nor_http() {
+        // Observed: hub.rs held tonic types and an HTTP-coded error type.
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/hub");
+        for entry in std::fs::read_dir(dir).expect("src/hub") {
+            let path = entry.expect("entry").path();
+            let text = std::fs::read_to_string(&path).expect("read");
+            for word in ["tonic::", "axum::", "StatusCode", "hyper::"] {
+                assert!(
+                    !text.contains(word),
+                    "{} uses {word}: map to HubError at the edges instead",
+                    path.display()
+                );
+            }
+        }
+    }
 }
