@@ -412,11 +412,11 @@ mod tests {
     fn every_line_gets_the_time_its_bytes_reached_the_hub() {
         let t = |offset, at_ms| LogTimeView { offset, at_ms };
         let mut s = Stamper::new();
-        // Bytes 0.. arrived at :20, bytes 6.. at :21.
+        // Bytes 0.. arrived at :20, bytes 4.. ("two" on) at :21.
         let out = s.stamp(
             "one\ntwo\nthr",
             0,
-            &[t(0, 1_700_000_000_000), t(6, 1_700_000_001_000)],
+            &[t(0, 1_700_000_000_000), t(4, 1_700_000_001_000)],
         );
         assert_eq!(
             out,
