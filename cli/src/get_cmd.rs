@@ -88,6 +88,15 @@ impl Snapshot {
         }
     }
 
+    /// Widths `-w` starts with (see `table::WORKLOAD_WATCH_WIDTHS`).
+    fn watch_widths(&self) -> &'static [usize] {
+        match self {
+            Snapshot::Workloads(_) => table::WORKLOAD_WATCH_WIDTHS,
+            Snapshot::Events(_) => table::EVENT_WATCH_WIDTHS,
+            _ => &[],
+        }
+    }
+
     fn volatile_columns(&self) -> &'static [usize] {
         match self {
             Snapshot::Workloads(_) => table::WORKLOAD_VOLATILE,
@@ -395,8 +404,17 @@ async fn watch_table(
     mut cursor: u64,
 ) -> anyhow::Result<ExitCode> {
     let volatile = first.volatile_columns();
-    let headers: Vec<&str> = std::iter::once("TIME")
+    // Rows start with the poll's time, except events, which have their own.
+    let stamped = !matches!(first, Snapshot::Events(_));
+    let headers: Vec<&str> = stamped
+        .then_some("TIME")
+        .into_iter()
         .chain(first.headers().iter().copied())
+        .collect();
+    let floors: Vec<usize> = stamped
+        .then_some(8)
+        .into_iter()
+        .chain(first.watch_widths().iter().copied())
         .collect();
     // Widths come from the first rows printed (the header waits for them),
     // so a watch started on an empty list still lines up; when a later row
@@ -413,11 +431,21 @@ async fn watch_table(
         if !changed.is_empty() {
             let rows: Vec<Vec<String>> = changed
                 .into_iter()
-                .map(|r| std::iter::once(clock(now)).chain(r.cells).collect())
+                .map(|r| {
+                    stamped
+                        .then(|| clock(now))
+                        .into_iter()
+                        .chain(r.cells)
+                        .collect()
+                })
                 .collect();
             let reprint = match &mut widths {
                 None => {
-                    let mut w: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+                    let mut w: Vec<usize> = headers
+                        .iter()
+                        .enumerate()
+                        .map(|(i, h)| h.chars().count().max(floors.get(i).copied().unwrap_or(0)))
+                        .collect();
                     for r in &rows {
                         table::grow_widths(&mut w, r);
                     }

@@ -41,6 +41,13 @@ pub const TEAM_HEADERS: &[&str] = &[
 pub const TEAM_VOLATILE: &[usize] = &[];
 
 pub const EVENT_HEADERS: &[&str] = &["TIME", "KIND", "WORKLOAD", "CLUSTER", "MESSAGE"];
+
+/// Widths `-w` starts a workload table with, so the usual changes (a state
+/// becoming `Succeeded`, an age growing) do not widen it and reprint the
+/// header: ID, NAME, TEAM, PRIORITY, GPUS, STATE, CLUSTER, AGE.
+pub const WORKLOAD_WATCH_WIDTHS: &[usize] = &[4, 8, 8, 11, 5, 9, 8, 5];
+/// The same for events: TIME, KIND (`spoke_disconnected`), WORKLOAD, CLUSTER.
+pub const EVENT_WATCH_WIDTHS: &[usize] = &[24, 18, 8, 8];
 pub const EVENT_VOLATILE: &[usize] = &[];
 
 /// A table row with the key that identifies it across polls (`-w`).

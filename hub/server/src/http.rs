@@ -21,6 +21,10 @@ use crate::{logs, views};
 /// for long commands and environments while bounding memory per request.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
+/// A workload's JSON in a list page is ~600 bytes; pages are allocated
+/// for this much per item.
+const PAGE_BYTES_PER_ITEM: usize = 768;
+
 /// Most events one `GET /api/v1/events` returns.
 pub const MAX_EVENTS_PER_PAGE: usize = 10_000;
 
@@ -217,10 +221,17 @@ async fn list_workloads(
     let page = hub
         .with_list_permit(move || {
             read.list(&q).map(|(items, continue_token)| {
-                serde_json::to_vec(&api::WorkloadList {
-                    items,
-                    continue_token,
-                })
+                // Sized for the page up front: growing a 300 KB body by
+                // doubling copies it over and over.
+                let mut body = Vec::with_capacity(items.len() * PAGE_BYTES_PER_ITEM + 64);
+                serde_json::to_writer(
+                    &mut body,
+                    &api::WorkloadList {
+                        items,
+                        continue_token,
+                    },
+                )
+                .map(|()| body)
             })
         })
         .await;
