@@ -528,7 +528,11 @@ impl Inner {
         }
         // 2. Its workloads are released once the spoke has surely stopped
         // them: a spoke cut off from the hub fences itself after the same
-        // timeout and gives each workload its grace period.
+        // timeout and gives each workload its grace period. Nothing to look
+        // for (and no pass over every stored workload) while no spoke is lost.
+        if !self.clusters.values().any(|c| c.session.is_lost()) {
+            return;
+        }
         let due: Vec<(u64, String)> = self
             .workloads
             .values()
