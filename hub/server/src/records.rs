@@ -18,6 +18,18 @@ pub const WORKLOADS: &str = "workloads/";
 pub const EVENTS: &str = "events/";
 pub const CLUSTERS: &str = "clusters/";
 
+/// The next workload id and event sequence. Retention deletes records, so
+/// the highest stored id says nothing about the ids already handed out:
+/// this record keeps ids and sequences from ever being reused.
+pub const COUNTERS_KEY: &str = "meta/counters";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountersRecord {
+    pub v: u32,
+    pub next_workload_id: u64,
+    pub next_event_seq: u64,
+}
+
 pub fn workload_key(id: u64) -> String {
     format!("{WORKLOADS}{id:020}")
 }

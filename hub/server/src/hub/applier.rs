@@ -156,6 +156,7 @@ impl Hub {
                     inner.dirty = false;
                     inner.schedule(&mut fx, now);
                 }
+                inner.save_counters(&mut fx);
                 for (id, created, reply) in std::mem::take(&mut fx.submitted) {
                     let res = inner
                         .view(id)

@@ -102,6 +102,8 @@ pub struct Inner {
     /// stored): retention deletes from there.
     oldest_event: u64,
     oldest_event_at_ms: u64,
+    /// The counters last written to the store.
+    saved_counters: (u64, u64),
 }
 
 pub struct Hub {
@@ -147,6 +149,7 @@ impl Hub {
                     None,
                     format!("hub started with {n} workloads"),
                 );
+                inner.save_counters(&mut fx);
             }
             hub.commit(fx).await;
         }
@@ -208,6 +211,22 @@ pub fn list_concurrency() -> usize {
 }
 
 impl Inner {
+    /// Writes the id and sequence counters when this batch moved them.
+    fn save_counters(&mut self, fx: &mut Effects) {
+        let now = (self.next_id, self.next_event);
+        if now != self.saved_counters {
+            fx.put(
+                COUNTERS_KEY.to_string(),
+                &CountersRecord {
+                    v: RECORD_VERSION,
+                    next_workload_id: now.0,
+                    next_event_seq: now.1,
+                },
+            );
+            self.saved_counters = now;
+        }
+    }
+
     /// Something changed that may let a workload run or changes why one waits.
     fn changed(&mut self) {
         self.dirty = true;

@@ -25,6 +25,11 @@ pub const DEFAULT_PAGE_ITEMS: usize = 500;
 /// one answer, whatever the client asks.
 pub const MAX_PAGE_ITEMS: usize = 5_000;
 
+/// Pages of stored events one request scans at most when looking for a
+/// workload's old events (10 × 10,000): a request costs tens of ms at
+/// worst; older matches are found by asking again with a later `since`.
+pub const EVENT_SCAN_PAGES: usize = 10;
+
 /// A cluster as readers see it.
 #[derive(Debug, Clone)]
 pub struct ClusterSnapshot {
@@ -367,7 +372,9 @@ impl Hub {
         // a bounded number of records per call.
         let mut out = Vec::new();
         let mut after = event_key(since);
-        while out.len() < limit {
+        let mut pages = 0;
+        while out.len() < limit && pages < EVENT_SCAN_PAGES {
+            pages += 1;
             let page = self
                 .store
                 .range_page(EVENTS, Some(&after), super::EVENTS_IN_MEMORY)

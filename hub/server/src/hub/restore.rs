@@ -55,7 +55,21 @@ pub(super) fn load(store: &dyn Store, policy: Arc<Policy>, now: u64) -> anyhow::
             events.push_back(Arc::new(e));
         }
     }
-    let next_id = workloads.last_id().map(|id| id + 1).unwrap_or(1);
+    let counters: Option<CountersRecord> = match store.get(COUNTERS_KEY)? {
+        Some(kv) => Some(
+            serde_json::from_slice(&kv.value)
+                .map_err(|e| anyhow::anyhow!("corrupt record {COUNTERS_KEY}: {e}"))?,
+        ),
+        None => None,
+    };
+    // Whichever is higher: the counters, or what is stored (a store
+    // written before the counters existed).
+    let next_id = workloads
+        .last_id()
+        .map(|id| id + 1)
+        .unwrap_or(1)
+        .max(counters.map_or(1, |c| c.next_workload_id));
+    let next_event = next_event.max(counters.map_or(1, |c| c.next_event_seq));
     let idem = workloads
         .values()
         .filter_map(|w| {
@@ -83,6 +97,7 @@ pub(super) fn load(store: &dyn Store, policy: Arc<Policy>, now: u64) -> anyhow::
         finished,
         oldest_event,
         oldest_event_at_ms,
+        saved_counters: (0, 0),
     })
 }
 

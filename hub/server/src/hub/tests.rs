@@ -84,6 +84,7 @@ impl Core {
             self.inner.dirty = false;
             self.inner.schedule(&mut fx, now);
         }
+        self.inner.save_counters(&mut fx);
         let ops = std::mem::take(&mut fx.ops);
         self.commit_ops(ops).await;
         fx
@@ -538,4 +539,22 @@ async fn run_time_adds_up_over_every_run_of_a_workload() {
     let w = &core.inner.workloads[&id];
     assert_eq!(w.state, WState::Succeeded);
     assert_eq!(w.run_ms, 15_000, "10 s + 5 s, not the 5 s of the last run");
+}
+
+#[tokio::test]
+async fn ids_and_event_sequences_are_never_reused_after_retention() {
+    // Found in review: with every workload retired, a restarted hub took
+    // the next id from the highest one stored, handing out id 1 again.
+    let mut core = Core::new().await;
+    let _rx = core.register(1, T0).await;
+    let id = core.submit(1.0, T0).await;
+    core.report(1, id, pb::Phase::Started, T0).await;
+    core.report(1, id, pb::Phase::Succeeded, T0 + 1).await;
+    let next_event = core.inner.next_event;
+    core.tick(T0 + 3 * 3_600_000).await;
+    assert!(!core.inner.workloads.contains_key(&id));
+    let policy = core.inner.policy.clone();
+    let again = restore::load(core.store.as_ref(), policy, T0 + 3 * 3_600_000).unwrap();
+    assert_eq!(again.next_id, id + 1, "id {id} is not handed out again");
+    assert!(again.next_event >= next_event);
 }
