@@ -318,9 +318,10 @@ pub fn clusters_table(cs: &[ClusterView], now_ms: u64) -> String {
     render(CLUSTER_HEADERS, &cluster_rows(cs, now_ms))
 }
 
-/// One row per quota class; a team without quotas still gets a row. The
-/// team's PENDING and RUNNING counts are on its first row only, so no
-/// figure repeats on every class row.
+/// One row per quota class; a team without quotas still gets a row. Every
+/// figure is the class's own: GPUs, and RUNNING the workloads on that
+/// class's GPUs. PENDING (a queue is the team's, not a class's) is on the
+/// team's first row only, so no figure repeats on every row.
 pub fn team_rows(t: &TeamView) -> Vec<Row> {
     let counts = [t.pending.to_string(), t.running.to_string()];
     if t.quotas.is_empty() {
@@ -348,11 +349,12 @@ pub fn team_rows(t: &TeamView) -> Vec<Row> {
                 fmt_gpus(q.limit),
                 fmt_gpus(q.borrowed),
             ];
-            if i == 0 {
-                cells.extend(counts.iter().cloned());
+            cells.push(if i == 0 {
+                t.pending.to_string()
             } else {
-                cells.extend([String::new(), String::new()]);
-            }
+                String::new()
+            });
+            cells.push(q.running.to_string());
             Row {
                 key: format!("{}/{}", t.name, q.gpu_class),
                 cells,
@@ -673,6 +675,7 @@ pub(crate) mod tests {
                     guaranteed: 16.0,
                     limit: 32.0,
                     borrowed: 4.0,
+                    running: 7,
                 },
                 QuotaView {
                     gpu_class: "L4".into(),
@@ -680,6 +683,7 @@ pub(crate) mod tests {
                     guaranteed: 4.0,
                     limit: 8.0,
                     borrowed: 0.0,
+                    running: 2,
                 },
             ],
             pending: 3,
@@ -698,8 +702,8 @@ pub(crate) mod tests {
         assert_eq!(
             out,
             "TEAM     CLASS   USED   GUARANTEED   LIMIT   BORROWED   PENDING   RUNNING\n\
-             vision   H100    20     16           32      4          3         9\n\
-             \x20        L4      0.5    4            8       0\n\
+             vision   H100    20     16           32      4          3         7\n\
+             \x20        L4      0.5    4            8       0                    2\n\
              nlp      -       0      0            0       0          0         0\n"
         );
         let keys: Vec<String> = teams_rows(&[]).into_iter().map(|r| r.key).collect();

@@ -199,6 +199,10 @@ pub struct QuotaView {
     pub limit: f64,
     /// Used above the guarantee: GPUs lent to this team by others.
     pub borrowed: f64,
+    /// The team's workloads running on GPUs of this class (a gang or a
+    /// spread workload counts once, in the class of its first GPU).
+    #[serde(default)]
+    pub running: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

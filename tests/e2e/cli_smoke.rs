@@ -177,6 +177,24 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no id in {:?}", out.stdout));
+    // --tail takes the last lines of what exists when it starts: wait for
+    // all three (a tail started before any output follows everything).
+    wait_until(
+        Duration::from_secs(30),
+        "the failing workload to end",
+        || {
+            let api = api.clone();
+            async move {
+                let w = api.workload(failing).await;
+                if w.state == "Failed" {
+                    Ok(())
+                } else {
+                    Err(w.state)
+                }
+            }
+        },
+    )
+    .await;
     let out = axle_cli(&hub, &["logs", "-f", "--tail", "2", &failing.to_string()]).await;
     assert_eq!(out.code, 1, "logs -f of a failed workload: {out:#?}");
     assert_eq!(out.stdout, "two\nthree\n", "{out:#?}");

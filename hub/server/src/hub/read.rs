@@ -290,11 +290,28 @@ impl ReadView {
     pub fn team_views(&self) -> Vec<api::TeamView> {
         let mut pending: BTreeMap<&str, u64> = BTreeMap::new();
         let mut running: BTreeMap<&str, u64> = BTreeMap::new();
+        // (team, GPU model) → running workloads, by the model of the first GPU.
+        let mut by_model: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        let model_of = |cluster: &str, node: &str, gpu: u32| -> Option<&str> {
+            let c = self.clusters.iter().find(|c| c.name == cluster)?;
+            let n = c.nodes.iter().find(|n| n.name == node)?;
+            n.gpus
+                .iter()
+                .find(|g| g.index == gpu)
+                .map(|g| g.model.as_str())
+        };
         for w in self.workloads.values() {
             if w.state == WState::Pending {
                 *pending.entry(&w.team).or_default() += 1;
             } else if w.state.holds_gpus() {
                 *running.entry(&w.team).or_default() += 1;
+                let first = w.placement.as_ref().and_then(|p| {
+                    let (node, gpu, _) = p.replicas.first()?.shards.first()?;
+                    model_of(&p.cluster, node, *gpu)
+                });
+                if let Some(model) = first {
+                    *by_model.entry((&w.team, model)).or_default() += 1;
+                }
             }
         }
         self.teams
@@ -309,17 +326,34 @@ impl ReadView {
                         .unwrap_or(0.0),
                     pending: pending.get(t.team.as_str()).copied().unwrap_or(0),
                     running: running.get(t.team.as_str()).copied().unwrap_or(0),
-                    quotas: t
-                        .classes
-                        .iter()
-                        .map(|c| api::QuotaView {
-                            gpu_class: c.gpu_class.clone(),
-                            used: c.used.as_gpus_f64(),
-                            guaranteed: c.guaranteed.as_gpus_f64(),
-                            limit: c.limit.as_gpus_f64(),
-                            borrowed: c.used.saturating_sub(c.guaranteed).as_gpus_f64(),
-                        })
-                        .collect(),
+                    quotas: {
+                        let named: Vec<&str> =
+                            t.classes.iter().map(|c| c.gpu_class.as_str()).collect();
+                        t.classes
+                            .iter()
+                            .map(|c| {
+                                // A model the team has no class of counts under `any`.
+                                let running = by_model
+                                    .iter()
+                                    .filter(|((team, model), _)| {
+                                        *team == t.team
+                                            && (*model == c.gpu_class
+                                                || (c.gpu_class == axle_policy::ANY_GPU_CLASS
+                                                    && !named.contains(model)))
+                                    })
+                                    .map(|(_, n)| n)
+                                    .sum();
+                                api::QuotaView {
+                                    gpu_class: c.gpu_class.clone(),
+                                    used: c.used.as_gpus_f64(),
+                                    guaranteed: c.guaranteed.as_gpus_f64(),
+                                    limit: c.limit.as_gpus_f64(),
+                                    borrowed: c.used.saturating_sub(c.guaranteed).as_gpus_f64(),
+                                    running,
+                                }
+                            })
+                            .collect()
+                    },
                     name: t.team,
                 }
             })

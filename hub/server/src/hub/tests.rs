@@ -558,3 +558,23 @@ async fn ids_and_event_sequences_are_never_reused_after_retention() {
     assert_eq!(again.next_id, id + 1, "id {id} is not handed out again");
     assert!(again.next_event >= next_event);
 }
+
+#[tokio::test]
+async fn team_views_count_running_work_per_gpu_class() {
+    // Observed: `get teams` repeated the team's totals on every class row.
+    let mut core = Core::new().await;
+    let _rx = core.register(1, T0).await;
+    let id = core.submit(1.0, T0).await;
+    core.report(1, id, pb::Phase::Started, T0).await;
+    core.submit(1.0, T0).await;
+    core.submit(1.0, T0).await; // over the limit of 2: waits
+    let teams = core.inner.read_view().team_views();
+    let vision = teams.iter().find(|t| t.name == "vision").unwrap();
+    assert_eq!((vision.running, vision.pending), (2, 1));
+    let h100 = vision
+        .quotas
+        .iter()
+        .find(|q| q.gpu_class == "H100")
+        .unwrap();
+    assert_eq!(h100.running, 2);
+}
