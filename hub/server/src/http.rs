@@ -126,6 +126,15 @@ async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) 
         axum::http::HeaderValue::from_static("application/json"),
     );
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        // The rest of the body is never read, so the connection cannot
+        // carry another request: say so, or a client reuses it and its
+        // next request fails with a closed connection.
+        parts.headers.insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
     Response::from_parts(parts, axum::body::Body::from(body))
 }
 
