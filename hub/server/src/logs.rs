@@ -266,6 +266,7 @@ async fn pieces(
 /// Reads from `offset` of the concatenation of every epoch's log, oldest
 /// first; where bytes were cut, one line says how many and the offset
 /// moves past them.
+#[cfg(test)]
 pub async fn read(
     dir: &Path,
     limits: LogLimits,

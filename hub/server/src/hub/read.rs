@@ -123,10 +123,19 @@ impl Inner {
     /// The API view of a workload as the applier sees it now (for answers
     /// sent after the commit).
     pub(super) fn view(&self, id: u64) -> Option<api::WorkloadView> {
-        self.workloads
-            .get(&id)
-            .map(|w| crate::views::workload(w, self.reasons.get(&id).map(|r| &**r)))
+        view_in(&self.workloads, &self.reasons, id)
     }
+}
+
+/// A workload's API view, with its pending reason.
+fn view_in(
+    workloads: &Workloads,
+    reasons: &imbl::OrdMap<u64, Arc<PendingReason>>,
+    id: u64,
+) -> Option<api::WorkloadView> {
+    workloads
+        .get(&id)
+        .map(|w| crate::views::workload(w, reasons.get(&id).map(|r| &**r)))
 }
 
 impl ReadView {
@@ -135,9 +144,7 @@ impl ReadView {
     }
 
     pub fn view(&self, id: u64) -> Option<api::WorkloadView> {
-        self.workloads
-            .get(&id)
-            .map(|w| crate::views::workload(w, self.reasons.get(&id).map(|r| &**r)))
+        view_in(&self.workloads, &self.reasons, id)
     }
 
     /// One page of the workloads matching `p`, in id order, and the token

@@ -40,6 +40,31 @@ const LOST_MS: u64 = 10_000;
 /// `development`'s grace period.
 const GRACE_MS: u64 = 30_000;
 
+fn policy() -> axle_policy::Policy {
+    axle_policy::load_sources(&[("p.yaml".to_string(), POLICY.to_string())])
+        .expect("policy loads")
+        .policy
+}
+
+/// A whole hub (applier and ticker running) on a store in a temp dir.
+async fn start_hub(clock: Clock) -> (Arc<Hub>, HubTasks, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = RedbStore::open_in_dir(dir.path()).expect("store");
+    let (hub, tasks) = Hub::start(
+        store,
+        policy(),
+        HubConfig {
+            data_dir: dir.path().to_path_buf(),
+            spoke_token: None,
+            log_limits: crate::logs::LogLimits::default(),
+            clock,
+        },
+    )
+    .await
+    .expect("hub starts");
+    (hub, tasks, dir)
+}
+
 /// The applier's state with a store to commit to.
 struct Core {
     inner: Inner,
@@ -52,10 +77,7 @@ impl Core {
     async fn new() -> Core {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = RedbStore::open_in_dir(dir.path()).expect("store");
-        let policy = axle_policy::load_sources(&[("p.yaml".to_string(), POLICY.to_string())])
-            .expect("policy loads")
-            .policy;
-        let mut inner = restore::load(store.as_ref(), Arc::new(policy), T0).expect("load");
+        let mut inner = restore::load(store.as_ref(), Arc::new(policy()), T0).expect("load");
         let mut fx = Effects::default();
         inner.rebuild(&mut fx, T0);
         let cfg = HubConfig {
@@ -425,23 +447,7 @@ async fn retention_deletes_a_bounded_batch_per_tick() {
 async fn reads_never_wait_for_the_applier() {
     // Observed: list calls held the applier's lock, so 32 pollers cut
     // submits from 378/s to 3.6/s.
-    let dir = tempfile::tempdir().unwrap();
-    let store = RedbStore::open_in_dir(dir.path()).unwrap();
-    let policy = axle_policy::load_sources(&[("p.yaml".to_string(), POLICY.to_string())])
-        .unwrap()
-        .policy;
-    let (hub, _tasks) = Hub::start(
-        store,
-        policy,
-        HubConfig {
-            data_dir: dir.path().to_path_buf(),
-            spoke_token: None,
-            log_limits: crate::logs::LogLimits::default(),
-            clock: Clock::system(),
-        },
-    )
-    .await
-    .unwrap();
+    let (hub, _tasks, _dir) = start_hub(Clock::system()).await;
     let _applier = hub.lock();
     // With the applier's lock held, every read still answers.
     let (items, _) = hub.read().list(&ListParams::default()).unwrap();
@@ -453,23 +459,7 @@ async fn reads_never_wait_for_the_applier() {
 
 #[tokio::test(start_paused = true)]
 async fn hub_time_is_tokios_so_spoke_loss_needs_no_real_waiting() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = RedbStore::open_in_dir(dir.path()).unwrap();
-    let policy = axle_policy::load_sources(&[("p.yaml".to_string(), POLICY.to_string())])
-        .unwrap()
-        .policy;
-    let (hub, _tasks) = Hub::start(
-        store,
-        policy,
-        HubConfig {
-            data_dir: dir.path().to_path_buf(),
-            spoke_token: None,
-            log_limits: crate::logs::LogLimits::default(),
-            clock: Clock::starting_at(T0),
-        },
-    )
-    .await
-    .unwrap();
+    let (hub, _tasks, _dir) = start_hub(Clock::starting_at(T0)).await;
     let (tx, _rx) = mpsc::channel(64);
     let (reply, answer) = oneshot::channel();
     hub.send(Command::Register {

@@ -931,21 +931,7 @@ impl Store for RedbStore {
     }
 
     fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
-        let read = self.shared.db.begin_read().ctx("beginning a read")?;
-        let table = read.open_table(KV).ctx("opening the kv table")?;
-        let now = Instant::now();
-        let mut out = Vec::new();
-        for entry in table.range::<&str>(prefix..).ctx("ranging over keys")? {
-            let (key, bytes) = entry.ctx("reading a key in a range")?;
-            let key = key.value();
-            if !key.starts_with(prefix) {
-                break;
-            }
-            if let Some(kv) = self.decode_kv(key, bytes.value(), now)? {
-                out.push(kv);
-            }
-        }
-        Ok(out)
+        self.range_page(prefix, None, usize::MAX)
     }
 
     fn rev(&self) -> Rev {
