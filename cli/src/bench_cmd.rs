@@ -35,7 +35,7 @@ const PROGRESS_PERIOD: Duration = Duration::from_secs(1);
 /// …and at least this often while nothing changes, to show it is alive.
 const PROGRESS_IDLE_PERIOD: Duration = Duration::from_secs(10);
 
-const ACTIVE_STATES: &[&str] = &["Pending", "Placed", "Running"];
+const ACTIVE_STATES: &[&str] = &["Pending", "Placed", "Running", "Preempting", "Cancelling"];
 const TERMINAL_STATES: &[&str] = &["Succeeded", "Failed", "Cancelled"];
 
 #[derive(Subcommand)]
@@ -395,7 +395,7 @@ async fn submit_all(
     Ok((ids, latencies))
 }
 
-/// Polls the team's Pending/Placed/Running lists (small: only live jobs)
+/// Polls the team's live lists (Pending … Cancelling) (small: only live jobs)
 /// until none of `ids` is in them, then reads the terminal lists once and
 /// checks every id is there (a job requeued between two list reads is caught
 /// by that check and the poll goes on).

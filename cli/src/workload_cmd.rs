@@ -230,11 +230,11 @@ pub fn status_line(w: &WorkloadView) -> String {
         .map(|c| format!(" on {c}"))
         .unwrap_or_default();
     match w.state.as_str() {
-        "Pending" => match &w.pending_reason {
-            Some(r) => format!("Pending: {r}"),
-            None => "Pending".into(),
+        "Pending" | "Preempting" => match &w.pending_reason {
+            Some(r) => format!("{}: {r}", w.state),
+            None => w.state.clone(),
         },
-        "Placed" | "Running" | "Cancelled" => format!("{}{on}", w.state),
+        "Placed" | "Running" | "Cancelling" | "Cancelled" => format!("{}{on}", w.state),
         "Succeeded" | "Failed" => match w.exit_code {
             Some(c) => format!("{}{on} (exit code {c})", w.state),
             None => format!("{}{on}", w.state),

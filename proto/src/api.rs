@@ -71,6 +71,8 @@ pub const STATES: &[&str] = &[
     "Pending",
     "Placed",
     "Running",
+    "Preempting",
+    "Cancelling",
     "Succeeded",
     "Failed",
     "Cancelled",

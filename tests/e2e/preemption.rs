@@ -74,8 +74,8 @@ async fn batch_is_preempted_for_guaranteed_training_and_runs_again_later() {
     let pre = b
         .history
         .iter()
-        .find(|h| h.from == "Running" && h.to == "Pending")
-        .unwrap_or_else(|| panic!("no Running -> Pending transition: {:#?}", b.history));
+        .find(|h| h.from == "Running" && h.to == "Preempting")
+        .unwrap_or_else(|| panic!("no Running -> Preempting transition: {:#?}", b.history));
     assert!(
         pre.reason.contains("preempted") && pre.reason.contains(&train.id.to_string()),
         "preemption reason should name the preemptor: {pre:?}"
@@ -86,6 +86,8 @@ async fn batch_is_preempted_for_guaranteed_training_and_runs_again_later() {
         [
             "Placed",
             "Running",
+            // Re-queued only once its stop was confirmed.
+            "Preempting",
             "Pending",
             "Placed",
             "Running",

@@ -6,15 +6,36 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum WState {
-    /// Waiting for GPUs (also after a preemption or a lost spoke).
+    /// Waiting for GPUs (also after a preemption is confirmed or a lost spoke).
     Pending,
     /// Assigned to a cluster; the spoke has not reported it started yet.
     Placed,
     Running,
+    /// Preempted: its GPUs already belong to the preemptor, and a stop went
+    /// to its spoke. It waits again only once the spoke confirms the stop (or
+    /// is lost past the grace period), so two copies never run at once.
+    Preempting,
+    /// Cancelled by a user while placed, running or preempting: a stop went
+    /// to its spoke and it is `Cancelled` once the spoke confirms it. It
+    /// keeps the GPUs it was placed on until then (one cancelled while
+    /// preempting has none left).
+    Cancelling,
     Succeeded,
     Failed,
     Cancelled,
 }
+
+/// Every state, in lifecycle order.
+pub const ALL_STATES: [WState; 8] = [
+    WState::Pending,
+    WState::Placed,
+    WState::Running,
+    WState::Preempting,
+    WState::Cancelling,
+    WState::Succeeded,
+    WState::Failed,
+    WState::Cancelled,
+];
 
 impl WState {
     pub fn as_str(self) -> &'static str {
@@ -22,6 +43,8 @@ impl WState {
             WState::Pending => "Pending",
             WState::Placed => "Placed",
             WState::Running => "Running",
+            WState::Preempting => "Preempting",
+            WState::Cancelling => "Cancelling",
             WState::Succeeded => "Succeeded",
             WState::Failed => "Failed",
             WState::Cancelled => "Cancelled",
@@ -29,25 +52,26 @@ impl WState {
     }
 
     pub fn parse(s: &str) -> Option<WState> {
-        [
-            WState::Pending,
-            WState::Placed,
-            WState::Running,
-            WState::Succeeded,
-            WState::Failed,
-            WState::Cancelled,
-        ]
-        .into_iter()
-        .find(|w| w.as_str().eq_ignore_ascii_case(s))
+        ALL_STATES
+            .into_iter()
+            .find(|w| w.as_str().eq_ignore_ascii_case(s))
     }
 
     pub fn is_terminal(self) -> bool {
         matches!(self, WState::Succeeded | WState::Failed | WState::Cancelled)
     }
 
-    /// Holds GPUs in the scheduler's view.
+    /// A stop was sent and is not confirmed yet: the workload record has a
+    /// `stopping` record (its cluster and epoch) exactly in these states.
+    pub fn is_stopping(self) -> bool {
+        matches!(self, WState::Preempting | WState::Cancelling)
+    }
+
+    /// May hold GPUs in the scheduler's view: it does when it also has a
+    /// placement (see `WorkloadRecord::holds_gpus`; a workload cancelled
+    /// while preempting has given its GPUs away already).
     pub fn holds_gpus(self) -> bool {
-        matches!(self, WState::Placed | WState::Running)
+        matches!(self, WState::Placed | WState::Running | WState::Cancelling)
     }
 }
 
@@ -57,16 +81,21 @@ pub enum WEvent {
     Place,
     /// The spoke reported the process started.
     Started,
-    /// The spoke reported exit 0.
+    /// The spoke reported exit 0 (also while a stop was on its way: the
+    /// work is done, so it is neither re-queued nor cancelled).
     Succeeded,
     /// The spoke reported a failure (non-zero exit, could not start, runtime exceeded).
     Failed,
-    /// The scheduler preempted it; it waits again with its original submit time.
+    /// The scheduler preempted it: a stop goes to its spoke.
     Preempt,
     /// Its spoke was lost, or no longer runs it: back to the queue.
     Requeue,
-    /// A user cancelled it (effective once the spoke confirms the stop, or at once when nothing runs).
+    /// A user cancelled it: at once when nothing runs, else a stop goes to
+    /// its spoke.
     Cancel,
+    /// The stop is confirmed (the spoke reported it stopped or gone, or the
+    /// spoke was lost past the grace period).
+    Stopped,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,13 +113,18 @@ pub fn step(from: WState, event: WEvent) -> Result<WState, IllegalTransition> {
         (S::Pending, E::Place) => S::Placed,
         (S::Placed, E::Started) => S::Running,
         // A spoke may report the exit before we saw the start (fast jobs,
-        // reconnects); a preempted workload may exit 0 on its own before its
-        // stop reaches it (Pending while the stop is being confirmed).
-        (S::Pending | S::Placed | S::Running, E::Succeeded) => S::Succeeded,
-        (S::Placed | S::Running, E::Failed) => S::Failed,
-        (S::Placed | S::Running, E::Preempt) => S::Pending,
+        // reconnects); a workload may exit 0 on its own before its stop
+        // reaches it.
+        (S::Placed | S::Running | S::Preempting | S::Cancelling, E::Succeeded) => S::Succeeded,
+        // A preempted workload that fails on its way down only confirms its
+        // stop (it runs again); a cancelled one failed before it stopped.
+        (S::Placed | S::Running | S::Cancelling, E::Failed) => S::Failed,
+        (S::Placed | S::Running, E::Preempt) => S::Preempting,
         (S::Placed | S::Running, E::Requeue) => S::Pending,
-        (S::Pending | S::Placed | S::Running, E::Cancel) => S::Cancelled,
+        (S::Pending, E::Cancel) => S::Cancelled,
+        (S::Placed | S::Running | S::Preempting, E::Cancel) => S::Cancelling,
+        (S::Preempting, E::Stopped) => S::Pending,
+        (S::Cancelling, E::Stopped) => S::Cancelled,
         _ => return Err(IllegalTransition { from, event }),
     };
     Ok(to)
@@ -100,15 +134,7 @@ pub fn step(from: WState, event: WEvent) -> Result<WState, IllegalTransition> {
 mod tests {
     use super::*;
 
-    const STATES: [WState; 6] = [
-        WState::Pending,
-        WState::Placed,
-        WState::Running,
-        WState::Succeeded,
-        WState::Failed,
-        WState::Cancelled,
-    ];
-    const EVENTS: [WEvent; 7] = [
+    const EVENTS: [WEvent; 8] = [
         WEvent::Place,
         WEvent::Started,
         WEvent::Succeeded,
@@ -116,12 +142,13 @@ mod tests {
         WEvent::Preempt,
         WEvent::Requeue,
         WEvent::Cancel,
+        WEvent::Stopped,
     ];
 
     #[test]
     fn every_pair_is_decided() {
         let mut legal = 0;
-        for s in STATES {
+        for s in ALL_STATES {
             for e in EVENTS {
                 match step(s, e) {
                     Ok(to) => {
@@ -135,7 +162,13 @@ mod tests {
                 }
             }
         }
-        assert_eq!(legal, 14);
+        assert_eq!(legal, 19);
+    }
+
+    #[test]
+    fn the_api_names_every_state() {
+        let names: Vec<&str> = ALL_STATES.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names, axle_proto::api::STATES);
     }
 
     #[test]
@@ -152,14 +185,44 @@ mod tests {
         let s = step(WState::Pending, WEvent::Place).unwrap();
         let s = step(s, WEvent::Started).unwrap();
         let s = step(s, WEvent::Preempt).unwrap();
+        assert_eq!(s, WState::Preempting);
+        // Not placed again before its stop is confirmed.
+        assert!(step(s, WEvent::Place).is_err());
+        let s = step(s, WEvent::Stopped).unwrap();
         assert_eq!(s, WState::Pending);
         let s = step(s, WEvent::Place).unwrap();
         assert_eq!(step(s, WEvent::Succeeded).unwrap(), WState::Succeeded);
     }
 
     #[test]
+    fn stopping_states_wait_for_the_stop() {
+        // Cancelled while running: Cancelling until the stop is confirmed.
+        let s = step(WState::Running, WEvent::Cancel).unwrap();
+        assert_eq!(s, WState::Cancelling);
+        assert_eq!(step(s, WEvent::Stopped), Ok(WState::Cancelled));
+        // Cancelled while preempting: still waits for the same stop.
+        let s = step(WState::Preempting, WEvent::Cancel).unwrap();
+        assert_eq!(s, WState::Cancelling);
+        // Nothing runs while pending: cancelled at once.
+        assert_eq!(step(WState::Pending, WEvent::Cancel), Ok(WState::Cancelled));
+        // Exit 0 before the stop took effect: the work is done.
+        assert_eq!(
+            step(WState::Preempting, WEvent::Succeeded),
+            Ok(WState::Succeeded)
+        );
+        assert_eq!(
+            step(WState::Cancelling, WEvent::Succeeded),
+            Ok(WState::Succeeded)
+        );
+        // Only stopping states have a stop to confirm.
+        for s in ALL_STATES {
+            assert_eq!(step(s, WEvent::Stopped).is_ok(), s.is_stopping(), "{s:?}");
+        }
+    }
+
+    #[test]
     fn state_names_round_trip() {
-        for s in STATES {
+        for s in ALL_STATES {
             assert_eq!(WState::parse(s.as_str()), Some(s));
             assert_eq!(WState::parse(&s.as_str().to_lowercase()), Some(s));
         }

@@ -4,7 +4,9 @@
 //!
 //! Versioning: every record has `v`. A reader accepts every version it knows
 //! and upgrades it in memory; writers always write `RECORD_VERSION`. Version 1
-//! is the first.
+//! is the first. Version 2 made a workload's unconfirmed stop a state of its
+//! own (`Preempting`, `Cancelling`); version 1 kept it beside the state, as
+//! `stopping.cancel` ([`WorkloadRecord::upgrade`]).
 
 use std::collections::BTreeMap;
 
@@ -12,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::lifecycle::WState;
 
-pub const RECORD_VERSION: u32 = 1;
+pub const RECORD_VERSION: u32 = 2;
 
 pub const WORKLOADS: &str = "workloads/";
 pub const EVENTS: &str = "events/";
@@ -119,9 +121,10 @@ pub struct WorkloadRecord {
     pub finished_at_ms: Option<u64>,
     pub exit_code: Option<i32>,
     pub preemptions: u32,
-    /// A stop was sent for this epoch and not yet confirmed: the workload is
-    /// not re-queued (or marked cancelled) until its spoke confirms or is lost,
-    /// so two copies never run at once.
+    /// Where and for which epoch the stop of a `Preempting` or `Cancelling`
+    /// workload went (present exactly in those states): it is not re-queued
+    /// (or marked cancelled) until that spoke confirms or is lost, so two
+    /// copies never run at once.
     pub stopping: Option<StoppingRecord>,
     pub history: Vec<TransitionRecord>,
     /// The last [`MAX_HISTORY`] preemptions (absent in records written
@@ -149,12 +152,45 @@ pub struct PreemptionRecord {
     pub lost_gpu_ms: u64,
 }
 
+impl WorkloadRecord {
+    /// Holds GPUs in the scheduler's view: placed, running, or cancelling
+    /// while still on its placement.
+    pub fn holds_gpus(&self) -> bool {
+        self.state.holds_gpus() && self.placement.is_some()
+    }
+
+    /// A record of any known version as the current version says it.
+    pub fn upgrade(mut self) -> WorkloadRecord {
+        if self.v < 2 {
+            // Version 1: a stop outstanding beside Pending (preempted), or
+            // beside any live state with `cancel` (cancelled by a user).
+            if let Some(s) = &self.stopping
+                && !self.state.is_terminal()
+            {
+                self.state = if s.legacy_cancel {
+                    WState::Cancelling
+                } else {
+                    WState::Preempting
+                };
+            }
+            if self.state.is_terminal() {
+                self.stopping = None;
+            }
+            self.v = RECORD_VERSION;
+        }
+        self
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoppingRecord {
     pub cluster: String,
     pub epoch: u64,
-    /// Cancelled by a user (else preempted or re-queued).
-    pub cancel: bool,
+    /// Version 1 records only: the stop was a user's cancel. Version 2 says
+    /// it with the state (`Cancelling`); read by [`WorkloadRecord::upgrade`],
+    /// never written.
+    #[serde(rename = "cancel", default, skip_serializing)]
+    pub legacy_cancel: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -11,21 +11,21 @@ pub fn workload(
     w: &WorkloadRecord,
     reason: Option<&axle_scheduler::PendingReason>,
 ) -> api::WorkloadView {
-    let pending_reason = if w.state == WState::Pending {
-        match (&w.stopping, reason) {
-            (Some(s), _) => Some(format!(
-                "preempted; waiting for its stop on {} to be confirmed before it is re-queued",
-                s.cluster
-            )),
-            (None, Some(r)) => Some(r.to_string()),
-            (None, None) => Some("queued; the next scheduling cycle evaluates it".to_string()),
-        }
-    } else {
-        None
+    let stop_on = w
+        .stopping
+        .as_ref()
+        .map_or("its cluster", |s| s.cluster.as_str());
+    let pending_reason = match (w.state, reason) {
+        (WState::Pending, Some(r)) => Some(r.to_string()),
+        (WState::Pending, None) => Some("queued; the next scheduling cycle evaluates it".into()),
+        (WState::Preempting, _) => Some(format!(
+            "preempted; waiting for its stop on {stop_on} to be confirmed before it is re-queued"
+        )),
+        _ => None,
     };
     // The reason's numbers, for scripts (`-o json`).
-    let pending_detail = match (w.state, &w.stopping, reason) {
-        (WState::Pending, None, Some(r)) => serde_json::to_value(r).ok(),
+    let pending_detail = match (w.state, reason) {
+        (WState::Pending, Some(r)) => serde_json::to_value(r).ok(),
         _ => None,
     };
     api::WorkloadView {

@@ -258,8 +258,9 @@ async fn stale_epochs_are_fenced_and_a_preempted_workload_waits_for_its_stop() {
     let Down::Assign(_) = next(&mut spoke.rx).await else {
         panic!("expected the preemptor's assignment")
     };
-    // Until the stop is confirmed the victim waits, and is not placed again.
-    let w = wait_state(&grpc, batch, "Pending").await;
+    // Until the stop is confirmed the victim waits (Preempting), and is not
+    // placed again.
+    let w = wait_state(&grpc, batch, "Preempting").await;
     assert!(
         w.pending_reason.contains("waiting for its stop"),
         "{}",

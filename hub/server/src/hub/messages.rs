@@ -6,6 +6,7 @@ use axle_proto::pb;
 
 use super::applier::Effects;
 use super::{DEFAULT_GRACE_S, Inner};
+use crate::lifecycle::WState;
 use crate::records::*;
 
 pub(super) fn grace_of(policy: &Policy, class: &str) -> u64 {
@@ -44,12 +45,11 @@ impl Inner {
         s: &StoppingRecord,
         message: String,
     ) {
-        let grace = self
-            .workloads
-            .get(&id)
+        let w = self.workloads.get(&id);
+        let grace = w
             .map(|w| grace_of(&self.policy, &w.priority))
             .unwrap_or(DEFAULT_GRACE_S);
-        let reason = if s.cancel {
+        let reason = if w.is_some_and(|w| w.state == WState::Cancelling) {
             pb::StopReason::Cancelled
         } else {
             pb::StopReason::Preempted

@@ -224,7 +224,7 @@ impl ReadView {
         let allocated: BTreeMap<(&str, &str, u32), u64> = {
             let mut m = BTreeMap::new();
             for w in self.workloads.values() {
-                if !w.state.holds_gpus() {
+                if !w.holds_gpus() {
                     continue;
                 }
                 if let Some(p) = &w.placement {
@@ -273,8 +273,7 @@ impl ReadView {
                     .workloads
                     .values()
                     .filter(|w| {
-                        w.state.holds_gpus()
-                            && w.placement.as_ref().is_some_and(|p| &p.cluster == name)
+                        w.holds_gpus() && w.placement.as_ref().is_some_and(|p| &p.cluster == name)
                     })
                     .count() as u64;
                 api::ClusterView {
@@ -308,9 +307,9 @@ impl ReadView {
                 .map(|g| g.model.as_str())
         };
         for w in self.workloads.values() {
-            if w.state == WState::Pending {
+            if matches!(w.state, WState::Pending | WState::Preempting) {
                 *pending.entry(&w.team).or_default() += 1;
-            } else if w.state.holds_gpus() {
+            } else if w.holds_gpus() {
                 *running.entry(&w.team).or_default() += 1;
                 let first = w.placement.as_ref().and_then(|p| {
                     let (node, gpu, _) = p.replicas.first()?.shards.first()?;

@@ -36,11 +36,11 @@ impl Inner {
             return;
         };
         let on_here = w.placement.as_ref().is_some_and(|p| p.cluster == cluster);
-        let current = w.epoch == s.epoch && w.state.holds_gpus() && on_here;
-        let stopping_here = w
-            .stopping
-            .as_ref()
-            .is_some_and(|st| st.epoch == s.epoch && st.cluster == cluster);
+        let current = w.epoch == s.epoch && w.holds_gpus() && on_here;
+        let stopping_here = w.state.is_stopping()
+            && w.stopping
+                .as_ref()
+                .is_some_and(|st| st.epoch == s.epoch && st.cluster == cluster);
         match phase {
             pb::Phase::Started => {
                 if current && w.state == WState::Placed {
@@ -180,8 +180,8 @@ impl Inner {
         self.changed();
     }
 
-    /// A requested stop is confirmed: a preempted workload may now run again,
-    /// a cancelled one is done.
+    /// The spoke confirmed the stop of `epoch`: a preempted workload may now
+    /// run again, a cancelled one is done.
     pub(super) fn stopped(
         &mut self,
         cluster: &str,
@@ -190,34 +190,59 @@ impl Inner {
         fx: &mut Effects,
         now: u64,
     ) {
-        let Some(w) = self.workloads.get_mut(&id) else {
+        let Some(w) = self.workloads.get(&id) else {
             return;
         };
-        let Some(st) = w.stopping.take() else { return };
-        if st.epoch != epoch {
-            w.stopping = Some(st);
+        if !w.state.is_stopping() || w.stopping.as_ref().is_none_or(|s| s.epoch != epoch) {
             return;
         }
-        if st.cancel {
-            transition(w, WEvent::Cancel, now, "cancelled by user".into());
-            w.finished_at_ms = Some(now);
-            self.state.remove(id);
-            self.event(
-                fx,
-                now,
-                "cancelled",
-                Some(id),
-                Some(cluster),
-                format!("workload {id} cancelled"),
-            );
-        } else if w.state == WState::Pending {
-            // Preempted earlier; back in the queue with its original submit time.
-            let spec = spec_of(w);
-            if let Err(e) = self.state.submit(spec) {
+        self.stop_done(fx, now, id, cluster, None);
+        if let Some(w) = self.workloads.get(&id)
+            && w.state == WState::Pending
+        {
+            // Back in the queue with its original submit time.
+            if let Err(e) = self.state.submit(spec_of(w)) {
                 warn!("workload {id} cannot re-queue: {e}");
             }
         }
-        self.save(fx, id);
         self.changed();
+    }
+
+    /// Ends the stop of a `Preempting` or `Cancelling` workload (confirmed
+    /// by its spoke, or `lost`: the spoke is lost past the grace period):
+    /// `Pending` or `Cancelled`. The scheduler's state is the caller's.
+    pub(super) fn stop_done(
+        &mut self,
+        fx: &mut Effects,
+        now: u64,
+        id: u64,
+        cluster: &str,
+        lost: Option<&str>,
+    ) {
+        let Some(w) = self.workloads.get_mut(&id) else {
+            return;
+        };
+        let cancel = w.state == WState::Cancelling;
+        let reason = match (cancel, lost) {
+            (true, None) => "cancelled by user".to_string(),
+            (true, Some(why)) => format!("cancelled ({why})"),
+            (false, None) => format!("re-queued: its stop on {cluster} is confirmed"),
+            (false, Some(why)) => format!("re-queued: {why}"),
+        };
+        if !transition(w, WEvent::Stopped, now, reason.clone()) {
+            return;
+        }
+        w.stopping = None;
+        if cancel {
+            w.finished_at_ms = Some(now);
+            self.state.remove(id);
+        }
+        self.save(fx, id);
+        let (kind, message) = match (cancel, lost) {
+            (true, None) => ("cancelled", format!("workload {id} cancelled")),
+            (true, Some(_)) => ("cancelled", format!("workload {id} {reason}")),
+            (false, _) => ("requeued", format!("workload {id} {reason}")),
+        };
+        self.event(fx, now, kind, Some(id), Some(cluster), message);
     }
 }

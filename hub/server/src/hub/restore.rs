@@ -18,8 +18,9 @@ pub(super) fn load(store: &dyn Store, policy: Arc<Policy>, now: u64) -> anyhow::
     let mut workloads = Workloads::default();
     let mut finished = BTreeSet::new();
     for kv in store.range(WORKLOADS)? {
-        let w: WorkloadRecord = serde_json::from_slice(&kv.value)
-            .map_err(|e| anyhow::anyhow!("corrupt record {}: {e}", kv.key))?;
+        let w: WorkloadRecord = serde_json::from_slice::<WorkloadRecord>(&kv.value)
+            .map_err(|e| anyhow::anyhow!("corrupt record {}: {e}", kv.key))?
+            .upgrade();
         if w.state.is_terminal() {
             finished.insert((w.finished_at_ms.unwrap_or(w.submitted_at_ms), w.id));
         }

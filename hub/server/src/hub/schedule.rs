@@ -71,7 +71,7 @@ impl Inner {
             let stopping = StoppingRecord {
                 cluster: pl.cluster.clone(),
                 epoch: w.epoch,
-                cancel: false,
+                legacy_cancel: false,
             };
             w.stopping = Some(stopping.clone());
             // The grace period is the victim's class's (as in the decision).

@@ -117,6 +117,11 @@ impl Inner {
         let ids: Vec<u64> = self.workloads.keys().collect();
         for id in ids {
             let w = &self.workloads[&id];
+            if w.state == WState::Cancelling && w.placement.is_none() {
+                // Cancelled while preempting: its GPUs went to the
+                // preemptor; only its stop is awaited.
+                continue;
+            }
             if w.state.holds_gpus() {
                 let alloc = w
                     .placement
@@ -131,6 +136,13 @@ impl Inner {
                 };
                 if let Err(e) = res {
                     let w = self.workloads.get_mut(&id).expect("listed id");
+                    if w.state == WState::Cancelling {
+                        // Its stop is still awaited; it waits outside the
+                        // scheduler (nothing else may be placed on GPUs that
+                        // no longer exist anyway).
+                        warn!("cancelling workload {id}: cannot restore placement: {e}");
+                        continue;
+                    }
                     warn!("workload {id}: cannot restore placement: {e}; re-queueing");
                     transition(w, WEvent::Requeue, now, format!("re-queued: {e}"));
                     w.placement = None;
@@ -138,7 +150,6 @@ impl Inner {
                     self.save(fx, id);
                 }
             } else if w.state == WState::Pending
-                && w.stopping.is_none()
                 && let Err(e) = state.submit(spec_of(w))
             {
                 let w = self.workloads.get_mut(&id).expect("listed id");

@@ -354,10 +354,14 @@ impl Inner {
         for (&id, &epoch) in &reported {
             let current = self.workloads.get(&id).is_some_and(|w| {
                 w.epoch == epoch
-                    && w.state.holds_gpus()
+                    && w.holds_gpus()
                     && w.placement.as_ref().is_some_and(|p| p.cluster == cluster)
             });
-            let stopping = self.workloads.get(&id).and_then(|w| w.stopping.clone());
+            let stopping = self
+                .workloads
+                .get(&id)
+                .filter(|w| w.state.is_stopping())
+                .and_then(|w| w.stopping.clone());
             if current {
                 let w = self.workloads.get_mut(&id).expect("checked");
                 if w.state == WState::Placed {
@@ -410,14 +414,14 @@ impl Inner {
             .workloads
             .values()
             .filter(|w| {
-                w.state.holds_gpus() && w.placement.as_ref().is_some_and(|p| p.cluster == cluster)
+                w.holds_gpus() && w.placement.as_ref().is_some_and(|p| p.cluster == cluster)
             })
             .map(|w| w.id)
             .filter(|id| !reported.contains_key(id))
             .collect();
         for id in ids {
             let w = &self.workloads[&id];
-            if w.stopping.is_some() {
+            if w.state.is_stopping() {
                 // It was being stopped and is gone: the stop is done.
                 let epoch = w.epoch;
                 self.stopped(cluster, id, epoch, fx, now);
@@ -538,8 +542,8 @@ impl Inner {
             .values()
             .filter_map(|w| {
                 let cluster = match (&w.stopping, &w.placement) {
-                    (Some(s), _) => &s.cluster,
-                    (None, Some(p)) if w.state.holds_gpus() => &p.cluster,
+                    (Some(s), _) if w.state.is_stopping() => &s.cluster,
+                    (_, Some(p)) if w.holds_gpus() => &p.cluster,
                     _ => return None,
                 };
                 let c = self.clusters.get(cluster).filter(|c| c.session.is_lost())?;
@@ -548,17 +552,16 @@ impl Inner {
                 (silent_ms(c) >= release_after).then(|| (w.id, cluster.clone()))
             })
             .collect();
+        // The scheduler's state is rebuilt below.
         for (id, cluster) in &due {
-            let w = self.workloads.get_mut(id).expect("listed");
-            let stopping = w.stopping.take();
             let why = format!("spoke {cluster} lost");
-            if stopping.as_ref().is_some_and(|s| s.cancel) {
-                transition(w, WEvent::Cancel, now, format!("cancelled ({why})"));
-                w.finished_at_ms = Some(now);
-            } else if w.state.holds_gpus() {
-                transition(w, WEvent::Requeue, now, format!("re-queued: {why}"));
-                w.placement = None;
+            let w = self.workloads.get_mut(id).expect("listed");
+            if w.state.is_stopping() {
+                self.stop_done(fx, now, *id, cluster, Some(&why));
+                continue;
             }
+            transition(w, WEvent::Requeue, now, format!("re-queued: {why}"));
+            w.placement = None;
             self.save(fx, *id);
             self.event(
                 fx,

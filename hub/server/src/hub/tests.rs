@@ -170,6 +170,10 @@ impl Core {
     }
 
     async fn submit(&mut self, gpus: f64, now: u64) -> u64 {
+        self.submit_at(gpus, None, now).await
+    }
+
+    async fn submit_at(&mut self, gpus: f64, priority: Option<&str>, now: u64) -> u64 {
         let (reply, _answer) = oneshot::channel();
         let req = SubmitRequest {
             team: "vision".into(),
@@ -177,7 +181,7 @@ impl Core {
             command: vec!["true".into()],
             gpus,
             gpu_model: None,
-            priority: None,
+            priority: priority.map(str::to_string),
             gang: None,
             regions: Vec::new(),
             allow_spread: false,
@@ -210,6 +214,16 @@ impl Core {
             now,
         )
         .await;
+    }
+
+    async fn cancel(&mut self, id: u64, now: u64) -> (Effects, axle_proto::api::WorkloadView) {
+        let (reply, mut answer) = oneshot::channel();
+        let mut fx = self.apply(Command::Cancel(id, reply), now).await;
+        for after in std::mem::take(&mut fx.after) {
+            after();
+        }
+        let view = answer.try_recv().expect("answered").expect("cancelled");
+        (fx, view)
     }
 
     async fn tick(&mut self, now: u64) -> Effects {
@@ -567,4 +581,170 @@ async fn team_views_count_running_work_per_gpu_class() {
         .find(|q| q.gpu_class == "H100")
         .unwrap();
     assert_eq!(h100.running, 2);
+}
+
+fn stops(fx: &Effects) -> Vec<(u64, pb::StopReason)> {
+    fx.msgs
+        .iter()
+        .filter_map(|(_, m)| match &m.msg {
+            Some(pb::hub_message::Msg::Stop(s)) => Some((s.workload_id, s.reason())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_cancelled_running_workload_is_cancelling_and_keeps_its_gpus_until_the_stop_is_confirmed()
+{
+    let mut core = Core::new().await;
+    let _rx = core.register(1, T0).await;
+    let id = core.submit(1.0, T0).await;
+    core.report(1, id, pb::Phase::Started, T0).await;
+    let (fx, view) = core.cancel(id, T0 + 1_000).await;
+    assert_eq!(core.state(id), WState::Cancelling);
+    assert_eq!(view.state, "Cancelling");
+    assert_eq!(stops(&fx), [(id, pb::StopReason::Cancelled)]);
+    // Asked again: nothing new is sent.
+    let (fx, _) = core.cancel(id, T0 + 1_500).await;
+    assert!(stops(&fx).is_empty());
+    // Its GPU is still taken: a 2-GPU workload waits.
+    let big = core.submit(2.0, T0 + 2_000).await;
+    assert_eq!(core.state(big), WState::Pending);
+    core.report(1, id, pb::Phase::Stopped, T0 + 3_000).await;
+    assert_eq!(core.state(id), WState::Cancelled);
+    assert!(core.inner.workloads[&id].stopping.is_none());
+    assert_eq!(core.state(big), WState::Placed, "placed by the same batch");
+}
+
+#[tokio::test]
+async fn a_preempted_workload_is_preempting_until_its_stop_is_confirmed_then_pending() {
+    let mut core = Core::new().await;
+    let _rx = core.register(1, T0).await;
+    let dev = core.submit_at(2.0, Some("development"), T0).await;
+    core.report(1, dev, pb::Phase::Started, T0).await;
+    let prod = core.submit_at(2.0, Some("production"), T0 + 1_000).await;
+    assert_eq!(core.state(dev), WState::Preempting);
+    assert_eq!(
+        core.state(prod),
+        WState::Placed,
+        "the GPUs are the preemptor's at once"
+    );
+    let view = core.inner.view(dev).expect("view");
+    assert_eq!(view.state, "Preempting");
+    assert!(
+        view.pending_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("stop on c1 to be confirmed")),
+        "{view:?}"
+    );
+    // A start report of the preempted epoch is no reason to run it.
+    core.report(1, dev, pb::Phase::Started, T0 + 1_500).await;
+    assert_eq!(core.state(dev), WState::Preempting);
+    core.report(1, dev, pb::Phase::Stopped, T0 + 2_000).await;
+    let w = &core.inner.workloads[&dev];
+    assert_eq!(w.state, WState::Pending);
+    assert!(w.stopping.is_none());
+    let to: Vec<WState> = w.history.iter().map(|h| h.to).collect();
+    assert_eq!(
+        to,
+        [
+            WState::Placed,
+            WState::Running,
+            WState::Preempting,
+            WState::Pending
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_workload_cancelled_while_preempting_is_cancelled_when_the_stop_is_confirmed() {
+    let mut core = Core::new().await;
+    let _rx = core.register(1, T0).await;
+    let dev = core.submit_at(2.0, Some("development"), T0).await;
+    core.report(1, dev, pb::Phase::Started, T0).await;
+    let epoch = core.inner.workloads[&dev].epoch;
+    let prod = core.submit_at(2.0, Some("production"), T0 + 1_000).await;
+    let (fx, _) = core.cancel(dev, T0 + 1_500).await;
+    assert_eq!(core.state(dev), WState::Cancelling);
+    assert!(stops(&fx).is_empty(), "the preemption's stop is on its way");
+    // The rebuild (policy or inventory change) keeps it out of the
+    // scheduler: its GPUs are the preemptor's.
+    let mut fx = Effects::default();
+    core.inner.rebuild(&mut fx, T0 + 1_600);
+    core.commit(fx).await;
+    assert_eq!(core.state(prod), WState::Placed);
+    core.apply(
+        Command::Status {
+            cluster: "c1".into(),
+            conn: 1,
+            status: pb::WorkloadStatus {
+                workload_id: dev,
+                epoch,
+                phase: pb::Phase::Stopped as i32,
+                ..Default::default()
+            },
+        },
+        T0 + 2_000,
+    )
+    .await;
+    assert_eq!(core.state(dev), WState::Cancelled);
+}
+
+#[tokio::test]
+async fn a_lost_spoke_ends_the_stops_it_was_sent() {
+    let mut core = Core::new().await;
+    let _rx = core.register(1, T0).await;
+    let dev = core.submit_at(1.0, Some("development"), T0).await;
+    let other = core.submit_at(1.0, Some("development"), T0).await;
+    core.report(1, dev, pb::Phase::Started, T0).await;
+    core.report(1, other, pb::Phase::Started, T0).await;
+    core.submit_at(1.0, Some("production"), T0).await;
+    let preempted = [dev, other]
+        .into_iter()
+        .find(|id| core.state(*id) == WState::Preempting)
+        .expect("one was preempted");
+    let cancelled = if preempted == dev { other } else { dev };
+    core.cancel(cancelled, T0).await;
+    assert_eq!(core.state(cancelled), WState::Cancelling);
+    // Silent past lost + grace + margin: both stops are as good as done.
+    core.tick(T0 + LOST_MS + 1).await;
+    core.tick(T0 + LOST_MS + GRACE_MS + 10_000).await;
+    assert_eq!(core.state(cancelled), WState::Cancelled);
+    let w = &core.inner.workloads[&preempted];
+    assert!(
+        matches!(w.state, WState::Pending | WState::Placed),
+        "re-queued: {:?}",
+        w.state
+    );
+    assert!(w.history.iter().any(|h| h.reason.contains("spoke c1 lost")));
+}
+
+#[tokio::test]
+async fn version_1_records_upgrade_their_stop_into_the_state() {
+    // Version 1 kept an unconfirmed stop beside the state.
+    let mut core = Core::new().await;
+    let id = core.submit(1.0, T0).await;
+    let record = serde_json::to_value(&core.inner.workloads[&id]).unwrap();
+    let v1 = |state: &str, cancel: bool| {
+        let mut w = record.clone();
+        w["v"] = 1.into();
+        w["state"] = state.into();
+        w["stopping"] = serde_json::json!({"cluster": "c1", "epoch": 1, "cancel": cancel});
+        serde_json::from_value::<crate::records::WorkloadRecord>(w)
+            .unwrap()
+            .upgrade()
+    };
+    let w = v1("Pending", false);
+    assert_eq!(
+        (w.state, w.v),
+        (WState::Preempting, crate::records::RECORD_VERSION)
+    );
+    assert_eq!(v1("Running", true).state, WState::Cancelling);
+    assert_eq!(v1("Pending", true).state, WState::Cancelling);
+    let done = v1("Succeeded", false);
+    assert_eq!(done.state, WState::Succeeded);
+    assert!(done.stopping.is_none());
+    // Version 2 never writes the old flag.
+    let text = serde_json::to_string(&v1("Running", true)).unwrap();
+    assert!(!text.contains("\"cancel\""), "{text}");
 }

@@ -228,19 +228,27 @@ impl Inner {
                 w.state.as_str()
             )));
         }
-        if let Some(s) = &mut w.stopping {
-            // Already stopping (preempted): cancel once the stop is confirmed.
-            s.cancel = true;
-        } else if w.state.holds_gpus() {
-            let p = w
-                .placement
-                .as_ref()
-                .expect("placed workloads have a placement");
+        if w.state == WState::Cancelling {
+            // Asked again: the stop is on its way already.
+            return self
+                .view(id)
+                .ok_or_else(|| HubError::Internal(format!("workload {id} vanished")));
+        }
+        if w.state == WState::Preempting {
+            // Its stop is on its way: cancelled once it is confirmed.
+            transition(
+                w,
+                WEvent::Cancel,
+                now,
+                "cancel requested while preempting".into(),
+            );
+        } else if let Some(p) = w.placement.as_ref().filter(|_| w.holds_gpus()) {
             let stopping = StoppingRecord {
                 cluster: p.cluster.clone(),
                 epoch: w.epoch,
-                cancel: true,
+                legacy_cancel: false,
             };
+            transition(w, WEvent::Cancel, now, "cancel requested".into());
             w.stopping = Some(stopping.clone());
             self.request_stop(fx, id, &stopping, "cancelled by user".into());
         } else {
