@@ -15,6 +15,7 @@ mod client;
 mod describe;
 mod exit;
 mod get_cmd;
+mod logs_cmd;
 mod policy_cmd;
 mod simulate_cmd;
 mod table;
@@ -59,7 +60,7 @@ enum Command {
     /// Cancel a workload.
     Cancel(workload_cmd::CancelArgs),
     /// Print a workload's output.
-    Logs(workload_cmd::LogsArgs),
+    Logs(logs_cmd::LogsArgs),
     /// Load generators against a running hub.
     #[command(subcommand)]
     Bench(bench_cmd::BenchCommand),
@@ -139,7 +140,7 @@ fn run_hub_command(hub: &str, command: Command) -> anyhow::Result<ExitCode> {
             Command::Get(a) => get_cmd::run(&client, a).await,
             Command::Describe(c) => workload_cmd::describe(&client, c).await,
             Command::Cancel(a) => workload_cmd::cancel(&client, a).await,
-            Command::Logs(a) => workload_cmd::logs(&client, a).await,
+            Command::Logs(a) => logs_cmd::logs(&client, a).await,
             Command::Bench(c) => bench_cmd::run(&client, c).await,
             Command::Policy(_) | Command::Simulate(_) | Command::Completion { .. } => {
                 unreachable!("offline commands are dispatched in main")

@@ -1,12 +1,11 @@
-//! `axle submit`, `describe workload`, `cancel` and `logs`: one workload at a
+//! `axle submit`, `describe workload` and `cancel`: one workload at a
 //! time through the hub's HTTP API.
 
-use std::io::Write as _;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axle_proto::api::{LogTimeView, SubmitRequest, WorkloadView};
+use axle_proto::api::{SubmitRequest, WorkloadView};
 use clap::{Args, Subcommand};
 
 use crate::args::{
@@ -18,7 +17,7 @@ use crate::exit::{Failed, UsageError};
 
 /// `submit --wait` and `logs -f` poll at this period: fast enough to feel
 /// live, 2 requests/s per terminal is nothing for the hub.
-const POLL_PERIOD: Duration = Duration::from_millis(500);
+pub const POLL_PERIOD: Duration = Duration::from_millis(500);
 
 #[derive(Args)]
 pub struct SubmitArgs {
@@ -106,99 +105,6 @@ pub enum DescribeCommand {
 pub struct CancelArgs {
     #[arg(value_parser = parse_workload_id)]
     id: u64,
-}
-
-#[derive(Args)]
-pub struct LogsArgs {
-    #[arg(value_parser = parse_workload_id)]
-    id: u64,
-    /// Keep printing new output until the workload finishes; then exit
-    /// with its outcome (0 if it succeeded, 1 if not).
-    #[arg(short = 'f', long)]
-    follow: bool,
-    /// Only the last N lines of the output so far (then follow, with -f).
-    #[arg(long, value_name = "N")]
-    tail: Option<usize>,
-    /// Only output that reached the hub in this last stretch (90s, 10m, 2h).
-    #[arg(long, value_name = "DURATION", value_parser = crate::args::parse_duration_s)]
-    since: Option<u64>,
-    /// Start every line with the time it reached the hub (RFC 3339, to the
-    /// second).
-    #[arg(long)]
-    timestamps: bool,
-}
-
-/// Puts the arrival time in front of every line of a log read piece by
-/// piece.
-#[derive(Debug)]
-pub struct Stamper {
-    at_line_start: bool,
-    /// The time of the latest index entry passed.
-    last_ms: Option<u64>,
-}
-
-impl Default for Stamper {
-    fn default() -> Stamper {
-        Stamper::new()
-    }
-}
-
-impl Stamper {
-    pub fn new() -> Stamper {
-        Stamper {
-            at_line_start: true,
-            last_ms: None,
-        }
-    }
-
-    /// `data` as read from `offset`, with `times` (offset, at_ms) ascending.
-    pub fn stamp(&mut self, data: &str, offset: u64, times: &[LogTimeView]) -> String {
-        let mut out = String::with_capacity(data.len() + data.len() / 8);
-        let mut next = times.iter().peekable();
-        for (i, c) in data.char_indices() {
-            let at = offset + i as u64;
-            while let Some(t) = next.peek() {
-                if t.offset > at {
-                    break;
-                }
-                self.last_ms = Some(t.at_ms);
-                next.next();
-            }
-            if self.at_line_start {
-                match self.last_ms {
-                    Some(ms) => {
-                        out.push_str(&crate::table::fmt_timestamp(ms).replacen(' ', "T", 1));
-                        out.push(' ');
-                    }
-                    None => out.push_str("-                        "),
-                }
-            }
-            out.push(c);
-            self.at_line_start = c == '\n';
-        }
-        out
-    }
-}
-
-/// The last `n` lines of `text` (a trailing newline ends the last line).
-pub fn last_lines(text: &str, n: usize) -> &str {
-    if n == 0 {
-        return "";
-    }
-    let body = text.strip_suffix('\n').unwrap_or(text);
-    match body.rmatch_indices('\n').nth(n - 1) {
-        Some((i, _)) => &text[i + 1..],
-        None => text,
-    }
-}
-
-fn write_out(data: &str) -> std::io::Result<bool> {
-    let mut out = std::io::stdout().lock();
-    match out.write_all(data.as_bytes()).and_then(|()| out.flush()) {
-        // `axle logs 3 | head`: the reader left; that is not a failure.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
-        other => other.map(|()| true),
-    }
 }
 
 pub fn now_ms() -> u64 {
@@ -349,96 +255,10 @@ pub async fn cancel(client: &Client, a: CancelArgs) -> anyhow::Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn logs(client: &Client, a: LogsArgs) -> anyhow::Result<ExitCode> {
-    let mut offset = 0;
-    let mut since_ms = a
-        .since
-        .map(|s| now_ms().saturating_sub(s.saturating_mul(1000)));
-    let mut stamper = a.timestamps.then(Stamper::new);
-    // With --tail, what exists now is gathered first and only its end shown.
-    let mut held: Option<String> = a.tail.map(|_| String::new());
-    loop {
-        let chunk = client
-            .logs(a.id, offset, since_ms.take(), a.timestamps)
-            .await?;
-        let offset_read = chunk.offset;
-        let data = match &mut stamper {
-            Some(s) => s.stamp(&chunk.data, chunk.offset, &chunk.times),
-            None => chunk.data.clone(),
-        };
-        if !data.is_empty() {
-            match &mut held {
-                Some(buf) => buf.push_str(&data),
-                None => {
-                    if !write_out(&data)? {
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                }
-            }
-        }
-        let advanced = chunk.next_offset > offset_read;
-        offset = chunk.next_offset;
-        if advanced {
-            // More may already be there: read on without waiting.
-            continue;
-        }
-        if let (Some(buf), Some(n)) = (held.take(), a.tail)
-            && !write_out(last_lines(&buf, n))?
-        {
-            return Ok(ExitCode::SUCCESS);
-        }
-        if !a.follow {
-            return Ok(ExitCode::SUCCESS);
-        }
-        if chunk.complete {
-            let w = client.workload(a.id).await?;
-            return Ok(if w.state == "Succeeded" {
-                ExitCode::SUCCESS
-            } else {
-                eprintln!("workload {} ended {}", a.id, w.state);
-                ExitCode::from(crate::exit::REFUSED_OR_FAILED)
-            });
-        }
-        tokio::time::sleep(POLL_PERIOD).await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::table::tests::{running_workload, workload};
-
-    #[test]
-    fn every_line_gets_the_time_its_bytes_reached_the_hub() {
-        let t = |offset, at_ms| LogTimeView { offset, at_ms };
-        let mut s = Stamper::new();
-        // Bytes 0.. arrived at :20, bytes 4.. ("two" on) at :21.
-        let out = s.stamp(
-            "one\ntwo\nthr",
-            0,
-            &[t(0, 1_700_000_000_000), t(4, 1_700_000_001_000)],
-        );
-        assert_eq!(
-            out,
-            "2023-11-14T22:13:20.000Z one\n2023-11-14T22:13:21.000Z two\n2023-11-14T22:13:21.000Z thr"
-        );
-        // The next piece continues the line: no stamp in the middle of it.
-        let out = s.stamp(
-            "ee\nfour\n",
-            11,
-            &[t(6, 1_700_000_001_000), t(14, 1_700_000_002_000)],
-        );
-        assert_eq!(out, "ee\n2023-11-14T22:13:22.000Z four\n");
-    }
-
-    #[test]
-    fn last_lines_of_a_log() {
-        assert_eq!(last_lines("a\nb\nc\n", 2), "b\nc\n");
-        assert_eq!(last_lines("a\nb\nc", 2), "b\nc");
-        assert_eq!(last_lines("a\nb\n", 5), "a\nb\n");
-        assert_eq!(last_lines("a\nb\n", 0), "");
-        assert_eq!(last_lines("", 3), "");
-    }
 
     #[test]
     fn submit_sentences() {

@@ -244,6 +244,11 @@ pub struct LogsView {
     /// (the last entry at or before `offset`, then those inside it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub times: Vec<LogTimeView>,
+    /// The parts of `data` the workload wrote to stderr: [start, end) byte
+    /// positions in `data` (UTF-8), ascending. Empty when all of it is
+    /// stdout, or the cluster cannot tell the streams apart (Kubernetes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stderr: Vec<[u64; 2]>,
 }
 
 /// The bytes from `offset` reached the hub at `at_ms` (to the second).

@@ -125,6 +125,67 @@ pub async fn forget(data_dir: &Path, workload_id: u64, epoch: u64) {
     }
 }
 
+/// Output of a workload on its way to the log writer: bytes of one stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    /// Written to stderr (else stdout, or a stream that cannot be told
+    /// apart, like a Kubernetes pod's log).
+    pub stderr: bool,
+    pub data: Vec<u8>,
+}
+
+impl From<Vec<u8>> for Piece {
+    fn from(data: Vec<u8>) -> Piece {
+        Piece {
+            stderr: false,
+            data,
+        }
+    }
+}
+
+/// Output not yet sent up: bytes and which of them are stderr.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Unsent {
+    data: Vec<u8>,
+    /// [start, end) positions in `data`, ascending, never touching.
+    stderr: Vec<(usize, usize)>,
+}
+
+impl Unsent {
+    fn push(&mut self, piece: &Piece) {
+        let (start, end) = (self.data.len(), self.data.len() + piece.data.len());
+        self.data.extend_from_slice(&piece.data);
+        if !piece.stderr || start == end {
+            return;
+        }
+        match self.stderr.last_mut() {
+            Some(last) if last.1 == start => last.1 = end,
+            _ => self.stderr.push((start, end)),
+        }
+    }
+
+    /// The first `n` bytes (and their stderr marks), leaving the rest.
+    fn split_front(&mut self, n: usize) -> Unsent {
+        let rest = self.data.split_off(n);
+        let front = std::mem::replace(&mut self.data, rest);
+        let mut marks = Vec::new();
+        let mut later = Vec::new();
+        for &(a, b) in &self.stderr {
+            if a < n {
+                marks.push((a, b.min(n)));
+            }
+            if b > n {
+                later.push((a.max(n) - n, b - n));
+            }
+        }
+        self.stderr = later;
+        Unsent {
+            data: front,
+            stderr: marks,
+        }
+    }
+}
+
 /// Turns a byte stream into whole lines that each start with `prefix`, so the
 /// output of several replicas interleaves by lines, never mid-line.
 #[derive(Debug)]
@@ -178,9 +239,11 @@ impl LineSplitter {
 pub async fn pump(
     mut reader: impl AsyncRead + Unpin,
     prefix: Option<String>,
-    tx: mpsc::Sender<Vec<u8>>,
+    stderr: bool,
+    tx: mpsc::Sender<Piece>,
     ready: Option<(&'static [u8], oneshot::Sender<()>)>,
 ) {
+    let piece = |data: Vec<u8>| Piece { stderr, data };
     let mut splitter = prefix.as_deref().map(LineSplitter::new);
     let mut buf = vec![0u8; PIPE_READ_BYTES];
     if let Some((marker, ready_tx)) = ready {
@@ -201,7 +264,7 @@ pub async fn pump(
                 Some(s) => s.feed(&head),
                 None => head,
             };
-            if !data.is_empty() && tx.send(data).await.is_err() {
+            if !data.is_empty() && tx.send(piece(data)).await.is_err() {
                 return;
             }
         }
@@ -215,23 +278,23 @@ pub async fn pump(
             Some(s) => s.feed(&buf[..n]),
             None => buf[..n].to_vec(),
         };
-        if !data.is_empty() && tx.send(data).await.is_err() {
+        if !data.is_empty() && tx.send(piece(data)).await.is_err() {
             return;
         }
     }
     if let Some(rest) = splitter.as_mut().map(LineSplitter::finish)
         && !rest.is_empty()
     {
-        let _ = tx.send(rest).await;
+        let _ = tx.send(piece(rest)).await;
     }
 }
 
 /// Appends everything the pumps send to the log file and emits it as
 /// `LogChunk`s (at most [`MAX_LOG_CHUNK_BYTES`], at least every
 /// [`LOG_FLUSH_INTERVAL`]) until every pump has hung up.
-pub async fn write_log(
+pub async fn write_log<P: Into<Piece>>(
     file: tokio::fs::File,
-    rx: mpsc::Receiver<Vec<u8>>,
+    rx: mpsc::Receiver<P>,
     workload_id: u64,
     epoch: u64,
     events: mpsc::Sender<Event>,
@@ -240,16 +303,16 @@ pub async fn write_log(
 }
 
 /// [`write_log`] with the file cap given.
-pub async fn write_log_capped(
+pub async fn write_log_capped<P: Into<Piece>>(
     mut file: tokio::fs::File,
-    mut rx: mpsc::Receiver<Vec<u8>>,
+    mut rx: mpsc::Receiver<P>,
     workload_id: u64,
     epoch: u64,
     events: mpsc::Sender<Event>,
     cap: u64,
 ) {
     let mut offset: u64 = 0;
-    let mut buf: Vec<u8> = Vec::new();
+    let mut buf = Unsent::default();
     let mut flush_at: Option<Instant> = None;
     let mut file_ok = true;
     let mut in_file: u64 = 0;
@@ -258,9 +321,10 @@ pub async fn write_log_capped(
         tokio::select! {
             piece = rx.recv() => {
                 let Some(piece) = piece else { break };
+                let piece: Piece = piece.into();
                 if file_ok && in_file < cap {
-                    let room = (cap - in_file).min(piece.len() as u64) as usize;
-                    let mut r = file.write_all(&piece[..room]).await;
+                    let room = (cap - in_file).min(piece.data.len() as u64) as usize;
+                    let mut r = file.write_all(&piece.data[..room]).await;
                     in_file += room as u64;
                     if r.is_ok() && in_file >= cap {
                         let note = format!(
@@ -273,19 +337,18 @@ pub async fn write_log_capped(
                         file_ok = false;
                     }
                 }
-                buf.extend_from_slice(&piece);
+                buf.push(&piece);
                 if flush_at.is_none() {
                     flush_at = Some(Instant::now() + LOG_FLUSH_INTERVAL);
                 }
-                while buf.len() >= MAX_LOG_CHUNK_BYTES {
-                    let rest = buf.split_off(MAX_LOG_CHUNK_BYTES);
-                    let full = std::mem::replace(&mut buf, rest);
+                while buf.data.len() >= MAX_LOG_CHUNK_BYTES {
+                    let full = buf.split_front(MAX_LOG_CHUNK_BYTES);
                     file_ok = flush_file(&mut file, file_ok).await;
                     if !emit(&events, workload_id, epoch, &mut offset, full).await {
                         return;
                     }
                 }
-                if buf.is_empty() {
+                if buf.data.is_empty() {
                     flush_at = None;
                 }
             }
@@ -300,7 +363,7 @@ pub async fn write_log_capped(
         }
     }
     flush_file(&mut file, file_ok).await;
-    if !buf.is_empty() {
+    if !buf.data.is_empty() {
         emit(&events, workload_id, epoch, &mut offset, buf).await;
     }
 }
@@ -324,17 +387,22 @@ async fn emit(
     workload_id: u64,
     epoch: u64,
     offset: &mut u64,
-    data: Vec<u8>,
+    out: Unsent,
 ) -> bool {
-    if data.is_empty() {
+    if out.data.is_empty() {
         return true;
     }
-    let len = data.len() as u64;
+    let len = out.data.len() as u64;
     let chunk = pb::LogChunk {
         workload_id,
         epoch,
         offset: *offset,
-        data,
+        data: out.data,
+        stderr: out
+            .stderr
+            .into_iter()
+            .flat_map(|(a, b)| [a as u64, b as u64])
+            .collect(),
     };
     *offset += len;
     events.send(Event::Log(chunk)).await.is_ok()
@@ -428,13 +496,14 @@ mod tests {
         pump(
             input,
             prefix.map(String::from),
+            false,
             tx,
             Some((b"READY\n", ready_tx)),
         )
         .await;
         let mut out = Vec::new();
         while let Ok(piece) = rx.try_recv() {
-            out.extend(piece);
+            out.extend(piece.data);
         }
         (out, ready_rx.await.is_ok())
     }
@@ -512,5 +581,39 @@ mod tests {
             }
             other => panic!("expected a log chunk, got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn stderr_is_marked_in_the_chunks_also_across_a_chunk_split() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = tokio::fs::File::create(dir.path().join("log"))
+            .await
+            .expect("create");
+        let (tx, rx) = mpsc::channel(8);
+        let (etx, mut erx) = mpsc::channel(64);
+        let writer = tokio::spawn(write_log(file, rx, 1, 1, etx));
+        let piece = |stderr, data: &[u8]| Piece {
+            stderr,
+            data: data.to_vec(),
+        };
+        tx.send(piece(false, b"out\n")).await.unwrap();
+        tx.send(piece(true, b"err\n")).await.unwrap();
+        tx.send(piece(true, b"more\n")).await.unwrap();
+        tx.send(piece(false, b"out\n")).await.unwrap();
+        // stderr across the chunk limit: both chunks say their part.
+        let long = vec![b'e'; MAX_LOG_CHUNK_BYTES];
+        tx.send(piece(true, &long)).await.unwrap();
+        drop(tx);
+        writer.await.unwrap();
+        let mut chunks = Vec::new();
+        while let Ok(Event::Log(c)) = erx.try_recv() {
+            chunks.push(c);
+        }
+        assert_eq!(chunks.len(), 2);
+        let n = MAX_LOG_CHUNK_BYTES as u64;
+        // One range for the two stderr pieces in a row.
+        assert_eq!(chunks[0].stderr, [4, 13, 17, n]);
+        assert_eq!(chunks[1].stderr, [0, 17]);
+        assert_eq!(chunks[1].data.len(), 17);
     }
 }

@@ -189,6 +189,7 @@ mod tests {
             epoch: 1,
             offset: 0,
             data: vec![b'x'; len],
+            stderr: Vec::new(),
         }
     }
 

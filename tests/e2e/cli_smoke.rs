@@ -154,6 +154,44 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
     ok("logs --since", &out);
     assert!(out.stdout.contains("hello-from-axle 0.5"), "{out:#?}");
 
+    // stderr: marked by the hub, and on the CLI's own stderr (observed
+    // before: both streams printed to stdout, unmarked).
+    let out = axle_cli(
+        &hub,
+        &[
+            "submit",
+            "--team",
+            "vision",
+            "--gpus",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo to-out; echo to-err >&2; sleep 0.3; echo out-again",
+        ],
+    )
+    .await;
+    ok("submit a workload printing to both streams", &out);
+    let both: u64 = out
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no id in {:?}", out.stdout));
+    api.wait_all_finished(&[both], Duration::from_secs(30))
+        .await;
+    let view = api.logs(both, 0).await;
+    let marked: Vec<&str> = view
+        .stderr
+        .iter()
+        .map(|[a, b]| &view.data[*a as usize..*b as usize])
+        .collect();
+    assert_eq!(marked, ["to-err\n"], "{view:#?}");
+    let out = axle_cli(&hub, &["logs", &both.to_string()]).await;
+    ok("logs of both streams", &out);
+    assert_eq!(out.stdout, "to-out\nout-again\n", "{out:#?}");
+    assert_eq!(out.stderr, "to-err\n", "{out:#?}");
+
     // --tail, and -f ending with the workload's outcome.
     let out = axle_cli(
         &hub,

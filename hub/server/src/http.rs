@@ -332,12 +332,14 @@ async fn get_logs(
     {
         Ok(r) => {
             let complete = done && r.next == r.offset;
+            let (data, stderr) = logs::lossy_text(&r.data, &r.stderr);
             json(
                 StatusCode::OK,
                 &api::LogsView {
                     workload: id,
                     offset: r.offset,
-                    data: String::from_utf8_lossy(&r.data).into_owned(),
+                    data,
+                    stderr,
                     next_offset: r.next,
                     complete,
                     times: if q.timestamps {

@@ -9,6 +9,10 @@
 //! kept, so a log takes at most `head + 2·segment` bytes of disk however
 //! much a workload prints. A reader crossing the bytes that were cut gets
 //! one line saying how many, then the tail.
+//!
+//! Beside each log, two bounded indexes: when its parts arrived
+//! (`<w>-<e>.times`) and which bytes the workload wrote to stderr
+//! (`<w>-<e>.stderr`).
 
 use std::io::SeekFrom;
 use std::path::{Path, PathBuf};
@@ -133,6 +137,96 @@ async fn note_time(dir: &Path, w: u64, e: u64, offset: u64, at_ms: u64) -> std::
     f.write_all(&entry).await
 }
 
+/// Which bytes of a run's log are stderr: [start, end) offset pairs, 16
+/// bytes each, ascending; touching ranges are merged.
+fn stderr_file(dir: &Path, workload: u64, epoch: u64) -> PathBuf {
+    dir.join(format!("{workload}-{epoch}.stderr"))
+}
+
+/// Stderr ranges kept per run (4 MiB of index): a workload that switches
+/// streams more often than this has its later stderr shown as stdout.
+pub const MAX_STDERR_RANGES: u64 = 1 << 18;
+
+async fn read_stderr(dir: &Path, workload: u64, epoch: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    let bytes = match tokio::fs::read(stderr_file(dir, workload, epoch)).await {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    Ok(bytes
+        .chunks_exact(16)
+        .map(|c| {
+            (
+                u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
+                u64::from_le_bytes(c[8..].try_into().expect("8 bytes")),
+            )
+        })
+        .collect())
+}
+
+/// The stderr marks of a chunk as [start, end) log offsets; an error names
+/// what is wrong with them.
+fn stderr_ranges(c: &pb::LogChunk) -> Result<Vec<(u64, u64)>, String> {
+    if !c.stderr.len().is_multiple_of(2) {
+        return Err(format!("{} stderr positions, not pairs", c.stderr.len()));
+    }
+    let len = c.data.len() as u64;
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(c.stderr.len() / 2);
+    for pair in c.stderr.chunks_exact(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if a >= b || b > len || out.last().is_some_and(|&(_, end)| a < end - c.offset) {
+            return Err(format!(
+                "stderr range [{a}, {b}) is empty, out of order or beyond the chunk's {len} bytes"
+            ));
+        }
+        out.push((c.offset + a, c.offset + b));
+    }
+    Ok(out)
+}
+
+/// Appends a chunk's stderr ranges, unless they lie before the last one
+/// (a re-sent chunk) or the index is full.
+async fn note_stderr(dir: &Path, w: u64, e: u64, ranges: &[(u64, u64)]) -> std::io::Result<()> {
+    let Some(&(first, _)) = ranges.first() else {
+        return Ok(());
+    };
+    let path = stderr_file(dir, w, e);
+    let len = tokio::fs::metadata(&path).await.map_or(0, |m| m.len());
+    let len = len - len % 16;
+    let mut f = tokio::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .await?;
+    let mut ranges = ranges.to_vec();
+    let mut at = len;
+    if len >= 16 {
+        f.seek(SeekFrom::Start(len - 16)).await?;
+        let mut last = [0u8; 16];
+        f.read_exact(&mut last).await?;
+        let start = u64::from_le_bytes(last[..8].try_into().expect("8 bytes"));
+        let end = u64::from_le_bytes(last[8..].try_into().expect("8 bytes"));
+        if first < end {
+            return Ok(());
+        }
+        if first == end {
+            // Continues the last range: rewrite it longer.
+            ranges[0].0 = start;
+            at = len - 16;
+        }
+    }
+    let room = (MAX_STDERR_RANGES * 16).saturating_sub(at) / 16;
+    let mut buf = Vec::with_capacity(ranges.len() * 16);
+    for (a, b) in ranges.iter().take(room as usize) {
+        buf.extend_from_slice(&a.to_le_bytes());
+        buf.extend_from_slice(&b.to_le_bytes());
+    }
+    f.seek(SeekFrom::Start(at)).await?;
+    f.write_all(&buf).await
+}
+
 fn tail_file(dir: &Path, workload: u64, epoch: u64, k: u64) -> PathBuf {
     dir.join(format!("{workload}-{epoch}.tail.{k}"))
 }
@@ -144,6 +238,12 @@ pub enum ChunkError {
         "log offset {offset} of workload {workload} is beyond the largest log Axle keeps track of ({MAX_LOG_OFFSET})"
     )]
     OffsetTooLarge { workload: u64, offset: u64 },
+    #[error("log chunk of workload {workload} at offset {offset}: {why}")]
+    BadStderrMarks {
+        workload: u64,
+        offset: u64,
+        why: String,
+    },
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -198,11 +298,17 @@ pub async fn write_chunk(
             offset: c.offset,
         });
     }
+    let stderr = stderr_ranges(c).map_err(|why| ChunkError::BadStderrMarks {
+        workload: c.workload_id,
+        offset: c.offset,
+        why,
+    })?;
     tokio::fs::create_dir_all(dir).await?;
     let (w, e) = (c.workload_id, c.epoch);
     if !c.data.is_empty() {
         note_time(dir, w, e, c.offset, at_ms).await?;
     }
+    note_stderr(dir, w, e, &stderr).await?;
     let mut at = c.offset;
     let mut data: &[u8] = &c.data;
     if at < limits.head {
@@ -287,15 +393,18 @@ pub enum Start {
     Since(u64),
 }
 
-/// What a read returns: the bytes from `offset`, the next offset, and when
+/// What a read returns: the bytes from `offset`, the next offset, when
 /// the parts of the returned range arrived (entries at or before `offset`
-/// included, so the first line has a time too).
+/// included, so the first line has a time too), and which bytes of `data`
+/// are stderr.
 #[derive(Debug, Clone, Default)]
 pub struct Read {
     pub offset: u64,
     pub data: Vec<u8>,
     pub next: u64,
     pub times: Vec<LogTime>,
+    /// [start, end) positions in `data`, ascending.
+    pub stderr: Vec<(u64, u64)>,
 }
 
 /// [`read`] from an offset or a time, with the time index of the range.
@@ -319,20 +428,22 @@ pub async fn read_from(
                 at_ms: t.at_ms,
             })
             .collect();
-        runs.push((base, pieces, times));
+        let stderr = read_stderr(dir, workload, epoch).await?;
+        runs.push((base, pieces, times, stderr));
         base += total;
     }
     let offset = match start {
         Start::Offset(o) => o,
         Start::Since(ms) => runs
             .iter()
-            .flat_map(|(_, _, t)| t)
+            .flat_map(|(_, _, t, _)| t)
             .find(|t| t.at_ms >= ms)
             .map_or(base, |t| t.offset),
     };
     let mut out = Vec::new();
+    let mut marks: Vec<(u64, u64)> = Vec::new();
     let mut pos = offset;
-    for (base, pieces, _) in &runs {
+    for (base, pieces, _, stderr) in &runs {
         let base = *base;
         for (start, path, len) in pieces {
             let (start, end) = (base + start, base + start + len);
@@ -354,11 +465,22 @@ pub async fn read_from(
             let want = (end - pos).min(MAX_LOG_READ.saturating_sub(out.len() as u64));
             let mut buf = vec![0u8; want as usize];
             f.read_exact(&mut buf).await?;
+            // The stderr of [pos, pos + want), as positions in `out`.
+            let at = out.len() as u64;
+            let (lo, hi) = (pos - base, pos - base + want);
+            let from = stderr.partition_point(|&(_, end)| end <= lo);
+            for &(a, b) in stderr[from..].iter().take_while(|&&(a, _)| a < hi) {
+                let (a, b) = (a.max(lo) - lo + at, b.min(hi) - lo + at);
+                match marks.last_mut() {
+                    Some(last) if last.1 == a => last.1 = b,
+                    _ => marks.push((a, b)),
+                }
+            }
             out.extend_from_slice(&buf);
             pos += want;
         }
     }
-    let all: Vec<LogTime> = runs.into_iter().flat_map(|(_, _, t)| t).collect();
+    let all: Vec<LogTime> = runs.into_iter().flat_map(|(_, _, t, _)| t).collect();
     // The last entry at or before `offset`, then those inside the range.
     let first = all.iter().rposition(|t| t.offset <= offset).unwrap_or(0);
     let times = all
@@ -371,7 +493,29 @@ pub async fn read_from(
         data: out,
         next: pos,
         times,
+        stderr: marks,
     })
+}
+
+/// `data` as text (invalid UTF-8 replaced) with its stderr `marks` moved
+/// to positions in that text.
+pub fn lossy_text(data: &[u8], marks: &[(u64, u64)]) -> (String, Vec<[u64; 2]>) {
+    let mut text = String::with_capacity(data.len());
+    let mut out = Vec::with_capacity(marks.len());
+    let mut at = 0usize;
+    for &(a, b) in marks {
+        let (a, b) = (a as usize, b as usize);
+        if a < at || b > data.len() || a >= b {
+            continue;
+        }
+        text.push_str(&String::from_utf8_lossy(&data[at..a]));
+        let start = text.len() as u64;
+        text.push_str(&String::from_utf8_lossy(&data[a..b]));
+        out.push([start, text.len() as u64]);
+        at = b;
+    }
+    text.push_str(&String::from_utf8_lossy(&data[at..]));
+    (text, out)
 }
 
 /// Deletes every log file of the given workloads (all epochs, head and
@@ -414,6 +558,7 @@ mod tests {
             epoch,
             offset,
             data: data.to_vec(),
+            stderr: Vec::new(),
         };
         write_chunk(d.path(), l, &c(1, 0, b"a\n"), 10_000)
             .await
@@ -455,6 +600,7 @@ mod tests {
             epoch: 1,
             offset,
             data: data.to_vec(),
+            stderr: Vec::new(),
         }
     }
 
@@ -529,5 +675,76 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, ChunkError::OffsetTooLarge { .. }), "{e}");
         assert!(std::fs::read_dir(d.path()).map_or(true, |mut r| r.next().is_none()));
+    }
+
+    #[test]
+    fn stderr_marks_follow_replaced_bytes_into_the_text() {
+        // 0xff becomes U+FFFD (3 bytes): the mark after it moves by 2.
+        let (text, marks) = lossy_text(b"a\xffb\nerr\n", &[(4, 8)]);
+        assert_eq!(text, "a\u{fffd}b\nerr\n");
+        assert_eq!(marks, [[6, 10]]);
+        assert_eq!(&text[6..10], "err\n");
+    }
+
+    #[tokio::test]
+    async fn stderr_marks_survive_runs_re_sends_and_the_cut() {
+        let d = tempfile::tempdir().unwrap();
+        let l = LogLimits::within(40); // head 20, segments of 10
+        let c = |epoch, offset, data: &[u8], stderr: &[u64]| pb::LogChunk {
+            workload_id: 9,
+            epoch,
+            offset,
+            data: data.to_vec(),
+            stderr: stderr.to_vec(),
+        };
+        // Run 1: "out\n" then "err\n" (stderr), then "err2\n" continuing it.
+        write_chunk(d.path(), l, &c(1, 0, b"out\nerr\n", &[4, 8]), 0)
+            .await
+            .unwrap();
+        write_chunk(d.path(), l, &c(1, 8, b"err2\n", &[0, 5]), 0)
+            .await
+            .unwrap();
+        // Re-sent: no second mark.
+        write_chunk(d.path(), l, &c(1, 8, b"err2\n", &[0, 5]), 0)
+            .await
+            .unwrap();
+        assert_eq!(read_stderr(d.path(), 9, 1).await.unwrap(), [(4, 13)]);
+        // Run 2 starts at byte 13 of the whole log.
+        write_chunk(d.path(), l, &c(2, 0, b"E\nout\n", &[0, 2]), 0)
+            .await
+            .unwrap();
+        let r = read_from(d.path(), l, 9, 2, Start::Offset(0))
+            .await
+            .unwrap();
+        assert_eq!(r.data, b"out\nerr\nerr2\nE\nout\n");
+        assert_eq!(r.stderr, [(4, 15)]);
+        // From the middle of a range.
+        let r = read_from(d.path(), l, 9, 2, Start::Offset(6))
+            .await
+            .unwrap();
+        assert_eq!(r.stderr, [(0, 9)]);
+        // Malformed marks are refused and change nothing.
+        for bad in [&[0u64][..], &[2, 1], &[0, 99], &[3, 4, 1, 2]] {
+            let e = write_chunk(d.path(), l, &c(3, 0, b"abcdef", bad), 0)
+                .await
+                .unwrap_err();
+            assert!(matches!(e, ChunkError::BadStderrMarks { .. }), "{e}");
+        }
+        assert!(!d.path().join("9-3.log").exists());
+        // Past the cut, marks map onto the text after the note.
+        let d = tempfile::tempdir().unwrap();
+        for i in 0..10u64 {
+            write_chunk(d.path(), l, &c(1, i * 10, b"0123456789", &[8, 10]), 0)
+                .await
+                .unwrap();
+        }
+        let r = read_from(d.path(), l, 9, 1, Start::Offset(0))
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&r.data).into_owned();
+        let tail = text.rfind("cut to keep it bounded]\n").unwrap() + 24;
+        let last = *r.stderr.last().unwrap();
+        assert_eq!(&r.data[last.0 as usize..last.1 as usize], b"89");
+        assert!(last.0 as usize > tail, "{text} {:?}", r.stderr);
     }
 }

@@ -312,10 +312,10 @@ async fn run_workload(
                 readiness.push(ready_rx);
                 if let Some(out) = child.stdout.take() {
                     let ready = Some((SHIM_READY_MARKER, ready_tx));
-                    pumps.spawn(pump(out, prefix.clone(), log_tx.clone(), ready));
+                    pumps.spawn(pump(out, prefix.clone(), false, log_tx.clone(), ready));
                 }
                 if let Some(err) = child.stderr.take() {
-                    pumps.spawn(pump(err, prefix, log_tx.clone(), None));
+                    pumps.spawn(pump(err, prefix, true, log_tx.clone(), None));
                 }
                 if let Some(stdin) = child.stdin.take() {
                     stdins.push(stdin);
