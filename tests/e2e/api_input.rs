@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use axle_e2e::{Api, Env, request, sh};
+use axle_e2e::{Api, Env, request, sh, wait_until};
 use axle_proto::api::ApiError;
 
 const FIXTURE: &[&str] = &["common", "api"];
@@ -392,4 +392,39 @@ async fn lists_are_paged_in_id_order_with_filters() {
         &["not one this hub gave out"],
     );
     assert_eq!(e.field.as_deref(), Some("continue"));
+
+    // A page the hub keeps (its page cache) is never served stale: asked
+    // again after a workload on it changed, the page shows the change.
+    let mut late = request("vision", 0.25, sh("sleep 60"));
+    late.name = Some("page-late".into());
+    let late = api.submit_ok(&late).await.id;
+    let state_in_page = |id: u64| async move {
+        let p = page("name_prefix=page-&limit=10".into()).await;
+        p.items
+            .iter()
+            .find(|w| w.id == id)
+            .map(|w| w.state.clone())
+            .expect("listed")
+    };
+    assert_ne!(state_in_page(late).await, "Cancelled");
+    assert_ne!(state_in_page(late).await, "Cancelled");
+    let (status, body) = api.cancel(late).await;
+    assert_eq!(status, 200, "{body}");
+    wait_until(
+        Duration::from_secs(30),
+        "the cancel to be confirmed",
+        || {
+            let api = api.clone();
+            async move {
+                let w = api.workload(late).await;
+                if w.state == "Cancelled" {
+                    Ok(())
+                } else {
+                    Err(w.state)
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(state_in_page(late).await, "Cancelled");
 }

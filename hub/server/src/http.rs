@@ -14,7 +14,8 @@ use axum::routing::get;
 use serde::Deserialize;
 use tokio::sync::oneshot;
 
-use crate::hub::{Command, Hub, HubError, ListParams};
+use crate::hub::{Command, Hub, HubError, ListParams, ReadView};
+use crate::page_cache::{PageCache, Served};
 use crate::{logs, views};
 
 /// Largest accepted request body: a submit is a few KB; 1 MiB leaves room
@@ -45,6 +46,7 @@ pub fn router(hub: Arc<Hub>) -> Router {
                 "no such endpoint; the API lives under /api/v1 (workloads, clusters, teams, events, policy)",
             )
         })
+        .layer(axum::Extension(Arc::new(PageCache::new())))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(json_errors))
         .layer(axum::middleware::from_fn(bounded_uri))
@@ -213,6 +215,7 @@ async fn submit(State(hub): State<Arc<Hub>>, body: Bytes) -> Response {
 
 async fn list_workloads(
     State(hub): State<Arc<Hub>>,
+    axum::Extension(pages): axum::Extension<Arc<PageCache>>,
     q: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let q = match q {
@@ -228,24 +231,10 @@ async fn list_workloads(
     };
     let read = hub.read();
     let page = hub
-        .with_list_permit(move || {
-            read.list(&q).map(|(items, continue_token)| {
-                // Sized for the page up front: growing a 300 KB body by
-                // doubling copies it over and over.
-                let mut body = Vec::with_capacity(items.len() * PAGE_BYTES_PER_ITEM + 64);
-                serde_json::to_writer(
-                    &mut body,
-                    &api::WorkloadList {
-                        items,
-                        continue_token,
-                    },
-                )
-                .map(|()| body)
-            })
-        })
+        .with_list_permit(move || page_body(&read, &q, &pages, std::time::Instant::now()))
         .await;
     match page {
-        Ok(Ok(Ok(body))) => (
+        Ok(Ok((body, _))) => (
             StatusCode::OK,
             [(
                 axum::http::header::CONTENT_TYPE,
@@ -254,9 +243,38 @@ async fn list_workloads(
             body,
         )
             .into_response(),
-        Ok(Ok(Err(e))) => err(HubError::Internal(format!("cannot encode a page: {e}"))),
         Ok(Err(e)) | Err(e) => err(e),
     }
+}
+
+/// The JSON body of one page of the workload list: the kept one while the
+/// page is unchanged ([`PageCache`]).
+pub fn page_body(
+    read: &ReadView,
+    q: &ListParams,
+    pages: &PageCache,
+    now: std::time::Instant,
+) -> Result<(Bytes, Served), HubError> {
+    let page = read.page(q)?;
+    pages.body(q, &page, now, |page| {
+        let items: Vec<api::WorkloadView> = page
+            .items
+            .iter()
+            .map(|i| views::workload(i.record, i.reason.map(|r| &**r)))
+            .collect();
+        // Sized for the page up front: growing a 300 KB body by doubling
+        // copies it over and over.
+        let mut body = Vec::with_capacity(items.len() * PAGE_BYTES_PER_ITEM + 64);
+        serde_json::to_writer(
+            &mut body,
+            &api::WorkloadList {
+                items,
+                continue_token: page.next.clone(),
+            },
+        )
+        .map_err(|e| HubError::Internal(format!("cannot encode a page: {e}")))?;
+        Ok(body)
+    })
 }
 
 async fn get_workload(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {

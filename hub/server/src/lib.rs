@@ -11,6 +11,7 @@ pub mod hub;
 pub mod isolation;
 pub mod lifecycle;
 pub mod logs;
+pub mod page_cache;
 pub mod records;
 pub mod request_limits;
 pub mod server;

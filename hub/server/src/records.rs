@@ -238,3 +238,19 @@ pub struct ClusterRecord {
     #[serde(default)]
     pub default_image: Option<String>,
 }
+
+/// A pending record with the fewest fields set, for unit tests.
+#[cfg(test)]
+pub fn sample_record(id: u64) -> WorkloadRecord {
+    serde_json::from_value(serde_json::json!({
+        "v": RECORD_VERSION, "id": id, "name": format!("w-{id}"), "team": "t",
+        "priority": "p", "gpus_milli": 1000, "replicas": 1, "gpu_model": null,
+        "regions": [], "allow_spread": false, "burst_allowed": false,
+        "command": ["true"], "env": {}, "max_runtime_s": null,
+        "idempotency_key": null, "submitted_at_ms": 0, "state": "Pending",
+        "epoch": 0, "placement": null, "started_at_ms": null,
+        "finished_at_ms": null, "exit_code": null, "preemptions": 0,
+        "stopping": null, "history": []
+    }))
+    .expect("a sample record")
+}

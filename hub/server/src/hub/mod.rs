@@ -56,7 +56,7 @@ pub use applier::{Command, Reply, SubmitReply};
 pub use clock::Clock;
 pub use error::HubError;
 pub use limits::*;
-pub use read::{ListParams, ReadView};
+pub use read::{ListParams, Page, PageItem, ReadView};
 pub use retention::Retention;
 pub use spokes::{SpokeEvent, SpokeState, SpokeTx};
 pub use table::Workloads;

@@ -56,6 +56,23 @@ pub struct ReadView {
     pub events: imbl::Vector<Arc<EventRecord>>,
 }
 
+/// One page of a workload list, unconverted.
+pub struct Page<'a> {
+    /// The first id the page may hold, and its size limit (the request,
+    /// resolved).
+    pub start: u64,
+    pub limit: usize,
+    pub items: Vec<PageItem<'a>>,
+    pub next: Option<String>,
+}
+
+pub struct PageItem<'a> {
+    pub record: &'a WorkloadRecord,
+    /// Changes whenever the record does ([`Workloads::range_with_gen`]).
+    pub generation: u64,
+    pub reason: Option<&'a Arc<PendingReason>>,
+}
+
 /// Filters and paging of a workload list.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -153,6 +170,18 @@ impl ReadView {
         &self,
         p: &ListParams,
     ) -> Result<(Vec<api::WorkloadView>, Option<String>), HubError> {
+        let page = self.page(p)?;
+        let items = page
+            .items
+            .iter()
+            .map(|i| crate::views::workload(i.record, i.reason.map(|r| &**r)))
+            .collect();
+        Ok((items, page.next))
+    }
+
+    /// [`ReadView::list`] before conversion: the records of the page with
+    /// their generations and pending reasons.
+    pub fn page(&self, p: &ListParams) -> Result<Page<'_>, HubError> {
         let state = match &p.state {
             Some(s) => Some(WState::parse(s).ok_or_else(|| {
                 HubError::bad(
@@ -193,9 +222,9 @@ impl ReadView {
             ));
         }
         let start = after.map_or(0, |id| id.saturating_add(1));
-        let mut items = Vec::new();
+        let mut items: Vec<PageItem<'_>> = Vec::new();
         let mut next = None;
-        for w in self.workloads.range(start..).filter(|w| {
+        for (w, generation) in self.workloads.range_with_gen(start..).filter(|(w, _)| {
             p.team.as_ref().is_none_or(|t| &w.team == t)
                 && state.is_none_or(|s| w.state == s)
                 && p.priority.as_ref().is_none_or(|c| &w.priority == c)
@@ -207,17 +236,21 @@ impl ReadView {
                     .is_none_or(|c| w.placement.as_ref().is_some_and(|p| &p.cluster == c))
         }) {
             if items.len() == limit {
-                next = items
-                    .last()
-                    .map(|v: &api::WorkloadView| continue_token(v.id));
+                next = items.last().map(|i| continue_token(i.record.id));
                 break;
             }
-            items.push(crate::views::workload(
-                w,
-                self.reasons.get(&w.id).map(|r| &**r),
-            ));
+            items.push(PageItem {
+                record: w,
+                generation,
+                reason: self.reasons.get(&w.id),
+            });
         }
-        Ok((items, next))
+        Ok(Page {
+            start,
+            limit,
+            items,
+            next,
+        })
     }
 
     pub fn cluster_views(&self) -> Vec<api::ClusterView> {

@@ -137,7 +137,11 @@ impl Inner {
             );
         }
         for (id, reason) in d.pending {
-            self.reasons.insert(id, Arc::new(reason));
+            // Kept when unchanged: readers (the list's page cache) tell
+            // an unchanged reason by its pointer.
+            if self.reasons.get(&id).is_none_or(|r| **r != reason) {
+                self.reasons.insert(id, Arc::new(reason));
+            }
         }
         for b in d.burst_wanted {
             if self.burst_noted.insert(b.workload) {

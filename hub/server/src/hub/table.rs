@@ -8,54 +8,92 @@ use std::sync::Arc;
 use crate::records::WorkloadRecord;
 
 #[derive(Clone, Default)]
-pub struct Workloads(imbl::OrdMap<u64, Arc<WorkloadRecord>>);
+pub struct Workloads {
+    map: imbl::OrdMap<u64, Arc<Entry>>,
+    /// The generation the next change gets.
+    next_gen: u64,
+}
+
+/// A record and its generation: a number no other version of any record
+/// in this table has had, so a reader can tell that a record it saw
+/// before is unchanged without looking at it (the list's page cache).
+#[derive(Clone)]
+struct Entry {
+    generation: u64,
+    record: WorkloadRecord,
+}
 
 impl Workloads {
     pub fn get(&self, id: &u64) -> Option<&WorkloadRecord> {
-        self.0.get(id).map(|w| &**w)
+        self.map.get(id).map(|e| &e.record)
     }
 
-    /// The record to change; copied first if a snapshot still shares it.
+    /// The record to change (copied first if a snapshot still shares it);
+    /// it gets a new generation.
     pub fn get_mut(&mut self, id: &u64) -> Option<&mut WorkloadRecord> {
-        self.0.get_mut(id).map(Arc::make_mut)
+        let generation = self.next_gen;
+        let e = Arc::make_mut(self.map.get_mut(id)?);
+        self.next_gen += 1;
+        e.generation = generation;
+        Some(&mut e.record)
     }
 
     pub fn insert(&mut self, w: WorkloadRecord) {
-        self.0.insert(w.id, Arc::new(w));
+        let generation = self.next_gen;
+        self.next_gen += 1;
+        self.map.insert(
+            w.id,
+            Arc::new(Entry {
+                generation,
+                record: w,
+            }),
+        );
     }
 
-    pub fn remove(&mut self, id: &u64) -> Option<Arc<WorkloadRecord>> {
-        self.0.remove(id)
+    pub fn remove(&mut self, id: &u64) -> Option<WorkloadRecord> {
+        self.map
+            .remove(id)
+            .map(|e| Arc::try_unwrap(e).map_or_else(|e| e.record.clone(), |e| e.record))
     }
 
     pub fn contains_key(&self, id: &u64) -> bool {
-        self.0.contains_key(id)
+        self.map.contains_key(id)
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.map.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.map.is_empty()
     }
 
     /// The highest id stored.
     pub fn last_id(&self) -> Option<u64> {
-        self.0.get_max().map(|(id, _)| *id)
+        self.map.get_max().map(|(id, _)| *id)
     }
 
     pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
-        self.0.keys().copied()
+        self.map.keys().copied()
     }
 
     pub fn values(&self) -> impl Iterator<Item = &WorkloadRecord> + '_ {
-        self.0.values().map(|w| &**w)
+        self.map.values().map(|e| &e.record)
     }
 
     /// Records with ids in `range`, in id order.
     pub fn range<R: RangeBounds<u64>>(&self, range: R) -> impl Iterator<Item = &WorkloadRecord> {
-        self.0.range(range).map(|(_, w)| &**w)
+        self.map.range(range).map(|(_, e)| &e.record)
+    }
+
+    /// [`Workloads::range`] with each record's generation.
+    pub fn range_with_gen<R: RangeBounds<u64>>(
+        &self,
+        range: R,
+    ) -> impl Iterator<Item = (&WorkloadRecord, u64)> {
+        self.map
+            .range(range)
+            .map(|(_, e)| (&e.record, e.generation))
     }
 }
 
@@ -63,5 +101,35 @@ impl std::ops::Index<&u64> for Workloads {
     type Output = WorkloadRecord;
     fn index(&self, id: &u64) -> &WorkloadRecord {
         self.get(id).expect("no workload with this id")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_change_gets_a_generation_never_seen_before() {
+        let mut t = Workloads::default();
+        let rec = crate::records::sample_record;
+        t.insert(rec(1));
+        t.insert(rec(2));
+        let gens = |t: &Workloads| t.range_with_gen(..).map(|(_, g)| g).collect::<Vec<_>>();
+        let before = gens(&t);
+        let snapshot = t.clone();
+        t.get_mut(&1).unwrap().epoch = 1;
+        let after = gens(&t);
+        assert_ne!(before[0], after[0]);
+        assert_eq!(
+            before[1], after[1],
+            "an untouched record keeps its generation"
+        );
+        assert!(after[0] > before[1], "never one seen before");
+        assert_eq!(
+            snapshot.get(&1).unwrap().epoch,
+            0,
+            "snapshots are unchanged"
+        );
+        assert_eq!(gens(&snapshot), before);
     }
 }

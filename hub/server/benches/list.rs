@@ -1,0 +1,122 @@
+//! What one page of the workload list costs the hub: 100,000 stored
+//! workloads (half finished with a history, half pending with a reason),
+//! every page of 500 walked a few times, as `GET /api/v1/workloads` builds
+//! it (`http::page_body`).
+//!
+//! `cargo bench --workspace --bench list` (AXLE_BENCH_WORKLOADS sets how
+//! many). Prints `key=value` lines.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use axle_hub::hub::{Clock, ListParams};
+use axle_hub::lifecycle::WState;
+use axle_hub::page_cache::{PageCache, Served};
+use axle_hub::records::*;
+use axle_hub::store::{MAX_OPS_PER_TXN, Op, RedbStore, Store, Txn};
+use common::{FILL_GROUP, record, rss_mb, start};
+
+/// Walks over the whole list.
+const WALKS: usize = 3;
+
+fn main() {
+    let n: u64 = std::env::var("AXLE_BENCH_WORKLOADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    rt.block_on(async {
+        let now = Clock::system().now_ms();
+        let store = RedbStore::open_in_dir(dir.path()).expect("store");
+        let mut id = 1;
+        while id <= n {
+            let end = (id + FILL_GROUP as u64 - 1).min(n);
+            let ops: Vec<Op> = (id..=end)
+                .map(|i| {
+                    let mut w = record(i, now - 60_000);
+                    if i % 2 == 0 {
+                        // Waiting: the scheduler gives it a reason.
+                        w.state = WState::Pending;
+                        w.history.clear();
+                        w.started_at_ms = None;
+                        w.finished_at_ms = None;
+                        w.exit_code = None;
+                    }
+                    Op::put(workload_key(i), serde_json::to_vec(&w).expect("encode"))
+                })
+                .collect();
+            let txns = ops
+                .chunks(MAX_OPS_PER_TXN)
+                .map(|c| Txn {
+                    compares: Vec::new(),
+                    success: c.to_vec(),
+                    failure: Vec::new(),
+                })
+                .collect();
+            store.txn_atomic(txns).await.expect("fill");
+            id = end + 1;
+        }
+        drop(store);
+        let (hub, tasks, _) = start(dir.path()).await;
+        // The first cycle gives the pending workloads their reasons.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let read = hub.read();
+        let pages = PageCache::new();
+        // Walk 1 builds every page; later walks find them kept (nothing
+        // changed), as pollers of a big, mostly finished hub do.
+        let mut built: Vec<f64> = Vec::new();
+        let mut kept: Vec<f64> = Vec::new();
+        let mut bytes = 0usize;
+        for _ in 0..WALKS {
+            let mut token: Option<String> = None;
+            loop {
+                let q = ListParams {
+                    continue_token: token.take(),
+                    ..Default::default()
+                };
+                let t = Instant::now();
+                let (body, served) =
+                    axle_hub::http::page_body(&read, &q, &pages, Instant::now()).expect("page");
+                let took = t.elapsed().as_secs_f64() * 1000.0;
+                match served {
+                    Served::Kept => kept.push(took),
+                    Served::Built => built.push(took),
+                }
+                bytes += body.len();
+                // The token is the page's last field; the items are not
+                // decoded (that would measure serde_json, not the hub).
+                let tail = String::from_utf8_lossy(&body[body.len().saturating_sub(64)..]).into_owned();
+                match tail.rsplit_once("\"continue\":\"") {
+                    Some((_, t)) => token = Some(t.trim_end_matches(['"', '}']).to_string()),
+                    None => break,
+                }
+            }
+        }
+        let pct = |ms: &mut Vec<f64>, p: f64| {
+            ms.sort_by(f64::total_cmp);
+            ms.get(((ms.len().max(1) - 1) as f64 * p) as usize)
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        let pages_n = built.len() + kept.len();
+        println!(
+            "workloads={n} pages={pages_n} page_bytes_mean={} built={} built_p50_ms={:.2} built_p99_ms={:.2} kept={} kept_p50_ms={:.3} kept_p99_ms={:.3} cache_mb={:.0} rss_mb={:.0}",
+            bytes / pages_n.max(1),
+            built.len(),
+            pct(&mut built, 0.5),
+            pct(&mut built, 0.99),
+            kept.len(),
+            pct(&mut kept, 0.5),
+            pct(&mut kept, 0.99),
+            pages.bytes() as f64 / 1e6,
+            rss_mb()
+        );
+        tasks.abort();
+    });
+}
