@@ -91,18 +91,60 @@ pub struct LogTime {
     pub at_ms: u64,
 }
 
-async fn read_times(dir: &Path, workload: u64, epoch: u64) -> std::io::Result<Vec<LogTime>> {
-    let bytes = match tokio::fs::read(times_file(dir, workload, epoch)).await {
+/// The two indexes beside a log are files of (u64, u64) entries, 16 bytes
+/// each, little-endian.
+const ENTRY_BYTES: u64 = 16;
+
+fn decode_entry(c: &[u8]) -> (u64, u64) {
+    (
+        u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
+        u64::from_le_bytes(c[8..16].try_into().expect("8 bytes")),
+    )
+}
+
+/// Every entry of an index file (none when it does not exist).
+async fn read_entries(path: &Path) -> std::io::Result<Vec<(u64, u64)>> {
+    let bytes = match tokio::fs::read(path).await {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
     Ok(bytes
-        .chunks_exact(16)
-        .map(|c| LogTime {
-            offset: u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
-            at_ms: u64::from_le_bytes(c[8..].try_into().expect("8 bytes")),
-        })
+        .chunks_exact(ENTRY_BYTES as usize)
+        .map(decode_entry)
+        .collect())
+}
+
+/// The length of an index file in whole entries, in bytes, and its last
+/// entry, if any.
+async fn last_entry(path: &Path) -> std::io::Result<(u64, Option<(u64, u64)>)> {
+    let len = tokio::fs::metadata(path).await.map_or(0, |m| m.len());
+    let len = len - len % ENTRY_BYTES;
+    if len < ENTRY_BYTES {
+        return Ok((len, None));
+    }
+    let mut f = tokio::fs::File::open(path).await?;
+    f.seek(SeekFrom::Start(len - ENTRY_BYTES)).await?;
+    let mut last = [0u8; ENTRY_BYTES as usize];
+    f.read_exact(&mut last).await?;
+    Ok((len, Some(decode_entry(&last))))
+}
+
+/// Writes `entries` at byte `at` of an index file (created if missing).
+async fn write_entries(path: &Path, at: u64, entries: &[(u64, u64)]) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(entries.len() * ENTRY_BYTES as usize);
+    for (a, b) in entries {
+        buf.extend_from_slice(&a.to_le_bytes());
+        buf.extend_from_slice(&b.to_le_bytes());
+    }
+    write_at(path, at, &buf).await
+}
+
+async fn read_times(dir: &Path, workload: u64, epoch: u64) -> std::io::Result<Vec<LogTime>> {
+    Ok(read_entries(&times_file(dir, workload, epoch))
+        .await?
+        .into_iter()
+        .map(|(offset, at_ms)| LogTime { offset, at_ms })
         .collect())
 }
 
@@ -111,30 +153,16 @@ async fn read_times(dir: &Path, workload: u64, epoch: u64) -> std::io::Result<Ve
 /// (a re-sent chunk).
 async fn note_time(dir: &Path, w: u64, e: u64, offset: u64, at_ms: u64) -> std::io::Result<()> {
     let path = times_file(dir, w, e);
-    let len = tokio::fs::metadata(&path).await.map_or(0, |m| m.len());
-    if len >= MAX_TIME_ENTRIES * 16 {
+    let (len, last) = last_entry(&path).await?;
+    if len >= MAX_TIME_ENTRIES * ENTRY_BYTES {
         return Ok(());
     }
-    if len >= 16 {
-        let mut f = tokio::fs::File::open(&path).await?;
-        f.seek(SeekFrom::Start(len - (len % 16) - 16)).await?;
-        let mut last = [0u8; 16];
-        f.read_exact(&mut last).await?;
-        let last_offset = u64::from_le_bytes(last[..8].try_into().expect("8 bytes"));
-        let last_at = u64::from_le_bytes(last[8..].try_into().expect("8 bytes"));
-        if offset <= last_offset || at_ms < last_at.saturating_add(TIME_INDEX_EVERY_MS) {
-            return Ok(());
-        }
+    if let Some((last_offset, last_at)) = last
+        && (offset <= last_offset || at_ms < last_at.saturating_add(TIME_INDEX_EVERY_MS))
+    {
+        return Ok(());
     }
-    let mut f = tokio::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .await?;
-    let mut entry = [0u8; 16];
-    entry[..8].copy_from_slice(&offset.to_le_bytes());
-    entry[8..].copy_from_slice(&at_ms.to_le_bytes());
-    f.write_all(&entry).await
+    write_entries(&path, len, &[(offset, at_ms)]).await
 }
 
 /// Which bytes of a run's log are stderr: [start, end) offset pairs, 16
@@ -148,20 +176,7 @@ fn stderr_file(dir: &Path, workload: u64, epoch: u64) -> PathBuf {
 pub const MAX_STDERR_RANGES: u64 = 1 << 18;
 
 async fn read_stderr(dir: &Path, workload: u64, epoch: u64) -> std::io::Result<Vec<(u64, u64)>> {
-    let bytes = match tokio::fs::read(stderr_file(dir, workload, epoch)).await {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    Ok(bytes
-        .chunks_exact(16)
-        .map(|c| {
-            (
-                u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
-                u64::from_le_bytes(c[8..].try_into().expect("8 bytes")),
-            )
-        })
-        .collect())
+    read_entries(&stderr_file(dir, workload, epoch)).await
 }
 
 /// The stderr marks of a chunk as [start, end) log offsets; an error names
@@ -191,40 +206,25 @@ async fn note_stderr(dir: &Path, w: u64, e: u64, ranges: &[(u64, u64)]) -> std::
         return Ok(());
     };
     let path = stderr_file(dir, w, e);
-    let len = tokio::fs::metadata(&path).await.map_or(0, |m| m.len());
-    let len = len - len % 16;
-    let mut f = tokio::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .await?;
+    let (len, last) = last_entry(&path).await?;
     let mut ranges = ranges.to_vec();
     let mut at = len;
-    if len >= 16 {
-        f.seek(SeekFrom::Start(len - 16)).await?;
-        let mut last = [0u8; 16];
-        f.read_exact(&mut last).await?;
-        let start = u64::from_le_bytes(last[..8].try_into().expect("8 bytes"));
-        let end = u64::from_le_bytes(last[8..].try_into().expect("8 bytes"));
+    if let Some((start, end)) = last {
         if first < end {
             return Ok(());
         }
         if first == end {
             // Continues the last range: rewrite it longer.
             ranges[0].0 = start;
-            at = len - 16;
+            at = len - ENTRY_BYTES;
         }
     }
-    let room = (MAX_STDERR_RANGES * 16).saturating_sub(at) / 16;
-    let mut buf = Vec::with_capacity(ranges.len() * 16);
-    for (a, b) in ranges.iter().take(room as usize) {
-        buf.extend_from_slice(&a.to_le_bytes());
-        buf.extend_from_slice(&b.to_le_bytes());
+    let room = (MAX_STDERR_RANGES * ENTRY_BYTES).saturating_sub(at) / ENTRY_BYTES;
+    ranges.truncate(room as usize);
+    if ranges.is_empty() {
+        return Ok(());
     }
-    f.seek(SeekFrom::Start(at)).await?;
-    f.write_all(&buf).await
+    write_entries(&path, at, &ranges).await
 }
 
 fn tail_file(dir: &Path, workload: u64, epoch: u64, k: u64) -> PathBuf {
