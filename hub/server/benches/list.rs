@@ -13,9 +13,7 @@ use std::time::{Duration, Instant};
 use axle_hub::hub::{Clock, ListParams};
 use axle_hub::lifecycle::WState;
 use axle_hub::page_cache::{PageCache, Served};
-use axle_hub::records::*;
-use axle_hub::store::{MAX_OPS_PER_TXN, Op, RedbStore, Store, Txn};
-use common::{FILL_GROUP, record, rss_mb, start};
+use common::{fill, record, rss_mb, start};
 
 /// Walks over the whole list.
 const WALKS: usize = 3;
@@ -33,36 +31,20 @@ fn main() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
     rt.block_on(async {
         let now = Clock::system().now_ms();
-        let store = RedbStore::open_in_dir(dir.path()).expect("store");
-        let mut id = 1;
-        while id <= n {
-            let end = (id + FILL_GROUP as u64 - 1).min(n);
-            let ops: Vec<Op> = (id..=end)
-                .map(|i| {
-                    let mut w = record(i, now - 60_000);
-                    if i % 2 == 0 {
-                        // Waiting: the scheduler gives it a reason.
-                        w.state = WState::Pending;
-                        w.history.clear();
-                        w.started_at_ms = None;
-                        w.finished_at_ms = None;
-                        w.exit_code = None;
-                    }
-                    Op::put(workload_key(i), serde_json::to_vec(&w).expect("encode"))
-                })
-                .collect();
-            let txns = ops
-                .chunks(MAX_OPS_PER_TXN)
-                .map(|c| Txn {
-                    compares: Vec::new(),
-                    success: c.to_vec(),
-                    failure: Vec::new(),
-                })
-                .collect();
-            store.txn_atomic(txns).await.expect("fill");
-            id = end + 1;
-        }
-        drop(store);
+        fill(dir.path(), n, |i| {
+            let mut w = record(i, now - 60_000);
+            if i % 2 == 0 {
+                // Waiting (the cluster has no spoke): the scheduler gives
+                // it a reason.
+                w.state = WState::Pending;
+                w.history.clear();
+                w.started_at_ms = None;
+                w.finished_at_ms = None;
+                w.exit_code = None;
+            }
+            w
+        })
+        .await;
         let (hub, tasks, _) = start(dir.path()).await;
         // The first cycle gives the pending workloads their reasons.
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -9,9 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use axle_hub::hub::Clock;
-use axle_hub::records::*;
-use axle_hub::store::{MAX_OPS_PER_TXN, Op, RedbStore, Store, Txn};
-use common::{FILL_GROUP, record, rss_mb, start};
+use common::{fill, record, rss_mb, start};
 
 fn main() {
     let n: u64 = std::env::var("AXLE_BENCH_FINISHED")
@@ -29,31 +27,8 @@ fn main() {
         // Finished 30 days ago: all past a one-week window.
         let now = Clock::system().now_ms();
         let finished_at = now - 30 * 24 * 3_600_000;
-        let store = RedbStore::open_in_dir(dir.path()).expect("store");
         let t = Instant::now();
-        let mut id = 1;
-        while id <= n {
-            let end = (id + FILL_GROUP as u64 - 1).min(n);
-            let ops: Vec<Op> = (id..=end)
-                .map(|i| {
-                    Op::put(
-                        workload_key(i),
-                        serde_json::to_vec(&record(i, finished_at)).expect("encode"),
-                    )
-                })
-                .collect();
-            let txns = ops
-                .chunks(MAX_OPS_PER_TXN)
-                .map(|c| Txn {
-                    compares: Vec::new(),
-                    success: c.to_vec(),
-                    failure: Vec::new(),
-                })
-                .collect();
-            store.txn_atomic(txns).await.expect("fill");
-            id = end + 1;
-        }
-        drop(store);
+        fill(dir.path(), n, |i| record(i, finished_at)).await;
         let size = std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0);
         println!(
             "finished_stored={n} fill_s={:.1} store_mb={:.0}",

@@ -1,5 +1,5 @@
-//! What the hub's benchmarks share: a policy, a stored record, RSS, and a
-//! hub started on a directory.
+//! What the hub's benchmarks share: a policy, a stored record, filling a
+//! store, RSS, and a hub started on a directory.
 
 #![allow(dead_code)]
 
@@ -9,9 +9,16 @@ use std::time::{Duration, Instant};
 use axle_hub::hub::{Clock, Hub, HubConfig};
 use axle_hub::lifecycle::WState;
 use axle_hub::records::*;
-use axle_hub::store::RedbStore;
+use axle_hub::store::{MAX_OPS_PER_TXN, Op, RedbStore, Store, Txn};
 
 pub const POLICY: &str = r#"
+apiVersion: axle.dev/v1
+kind: Cluster
+metadata: {name: c1}
+spec:
+  region: bench
+  nodes: [{count: 1, gpuModel: H100, gpusPerNode: 8}]
+---
 apiVersion: axle.dev/v1
 kind: Team
 metadata: {name: vision}
@@ -26,7 +33,34 @@ spec:
 "#;
 
 /// Records per atomic write while filling the store.
-pub const FILL_GROUP: usize = 10_000;
+const FILL_GROUP: usize = 10_000;
+
+/// Stores workloads 1..=n, made by `make`, in the store in `dir`.
+pub async fn fill(dir: &std::path::Path, n: u64, make: impl Fn(u64) -> WorkloadRecord) {
+    let store = RedbStore::open_in_dir(dir).expect("store");
+    let mut id = 1;
+    while id <= n {
+        let end = (id + FILL_GROUP as u64 - 1).min(n);
+        let ops: Vec<Op> = (id..=end)
+            .map(|i| {
+                Op::put(
+                    workload_key(i),
+                    serde_json::to_vec(&make(i)).expect("encode"),
+                )
+            })
+            .collect();
+        let txns = ops
+            .chunks(MAX_OPS_PER_TXN)
+            .map(|c| Txn {
+                compares: Vec::new(),
+                success: c.to_vec(),
+                failure: Vec::new(),
+            })
+            .collect();
+        store.txn_atomic(txns).await.expect("fill");
+        id = end + 1;
+    }
+}
 
 pub fn record(id: u64, finished_at_ms: u64) -> WorkloadRecord {
     WorkloadRecord {
