@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use axle_e2e::{Api, Env, request, sh, wait_until};
+use axle_e2e::{Api, Env, request, sh};
 use axle_proto::api::ApiError;
 
 const FIXTURE: &[&str] = &["common", "api"];
@@ -410,21 +410,7 @@ async fn lists_are_paged_in_id_order_with_filters() {
     assert_ne!(state_in_page(late).await, "Cancelled");
     let (status, body) = api.cancel(late).await;
     assert_eq!(status, 200, "{body}");
-    wait_until(
-        Duration::from_secs(30),
-        "the cancel to be confirmed",
-        || {
-            let api = api.clone();
-            async move {
-                let w = api.workload(late).await;
-                if w.state == "Cancelled" {
-                    Ok(())
-                } else {
-                    Err(w.state)
-                }
-            }
-        },
-    )
-    .await;
+    api.wait_state(late, "Cancelled", Duration::from_secs(30))
+        .await;
     assert_eq!(state_in_page(late).await, "Cancelled");
 }

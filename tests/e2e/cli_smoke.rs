@@ -4,11 +4,23 @@
 
 use std::time::Duration;
 
-use axle_e2e::{CliOut, Env, axle_cli, free_port, wait_until};
+use axle_e2e::{CliOut, Env, axle_cli, free_port};
 use axle_proto::api::WorkloadView;
 
 fn ok(what: &str, out: &CliOut) {
     assert_eq!(out.code, 0, "{what} failed: {out:#?}");
+}
+
+/// Runs a submit (`axle <args>`) and returns the id it printed
+/// ("workload N …").
+async fn submit_id(hub: &str, what: &str, args: &[&str]) -> u64 {
+    let out = axle_cli(hub, args).await;
+    ok(what, &out);
+    out.stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no id in {:?}", out.stdout))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -45,22 +57,8 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
         ("vision", "hello", 0.5)
     );
     let id = w.id;
-    wait_until(
-        Duration::from_secs(30),
-        "the CLI's workload to succeed",
-        || {
-            let api = api.clone();
-            async move {
-                let w = api.workload(id).await;
-                if w.state == "Succeeded" {
-                    Ok(())
-                } else {
-                    Err(w.state)
-                }
-            }
-        },
-    )
-    .await;
+    api.wait_state(id, "Succeeded", Duration::from_secs(30))
+        .await;
 
     // get workloads -o json
     let out = axle_cli(&hub, &["get", "workloads", "-o", "json"]).await;
@@ -156,8 +154,9 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
 
     // stderr: marked by the hub, and on the CLI's own stderr (observed
     // before: both streams printed to stdout, unmarked).
-    let out = axle_cli(
+    let both = submit_id(
         &hub,
+        "submit a workload printing to both streams",
         &[
             "submit",
             "--team",
@@ -171,13 +170,6 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
         ],
     )
     .await;
-    ok("submit a workload printing to both streams", &out);
-    let both: u64 = out
-        .stdout
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no id in {:?}", out.stdout));
     api.wait_all_finished(&[both], Duration::from_secs(30))
         .await;
     let view = api.logs(both, 0).await;
@@ -193,8 +185,9 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
     assert_eq!(out.stderr, "to-err\n", "{out:#?}");
 
     // --tail, and -f ending with the workload's outcome.
-    let out = axle_cli(
+    let failing = submit_id(
         &hub,
+        "submit a failing workload",
         &[
             "submit",
             "--team",
@@ -208,31 +201,10 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
         ],
     )
     .await;
-    ok("submit a failing workload", &out);
-    let failing: u64 = out
-        .stdout
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no id in {:?}", out.stdout));
     // --tail takes the last lines of what exists when it starts: wait for
     // all three (a tail started before any output follows everything).
-    wait_until(
-        Duration::from_secs(30),
-        "the failing workload to end",
-        || {
-            let api = api.clone();
-            async move {
-                let w = api.workload(failing).await;
-                if w.state == "Failed" {
-                    Ok(())
-                } else {
-                    Err(w.state)
-                }
-            }
-        },
-    )
-    .await;
+    api.wait_state(failing, "Failed", Duration::from_secs(30))
+        .await;
     let out = axle_cli(&hub, &["logs", "-f", "--tail", "2", &failing.to_string()]).await;
     assert_eq!(out.code, 1, "logs -f of a failed workload: {out:#?}");
     assert_eq!(out.stdout, "two\nthree\n", "{out:#?}");
@@ -241,47 +213,21 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
     assert_eq!(out.code, 0, "logs -f of a succeeded workload: {out:#?}");
 
     // cancel a running sleep
-    let out = axle_cli(
+    let sleeper = submit_id(
         &hub,
+        "submit sleep",
         &[
             "submit", "--team", "vision", "--gpus", "1", "--", "sleep", "60",
         ],
     )
     .await;
-    ok("submit sleep", &out);
-    let sleeper: u64 = out
-        .stdout
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no id in {:?}", out.stdout));
-    wait_until(Duration::from_secs(30), "the sleep to run", || {
-        let api = api.clone();
-        async move {
-            let w = api.workload(sleeper).await;
-            if w.state == "Running" {
-                Ok(())
-            } else {
-                Err(w.state)
-            }
-        }
-    })
-    .await;
+    api.wait_state(sleeper, "Running", Duration::from_secs(30))
+        .await;
     let out = axle_cli(&hub, &["cancel", &sleeper.to_string()]).await;
     ok("cancel", &out);
     assert!(out.stdout.contains(&sleeper.to_string()), "{out:#?}");
-    wait_until(Duration::from_secs(30), "the sleep to be cancelled", || {
-        let api = api.clone();
-        async move {
-            let w = api.workload(sleeper).await;
-            if w.state == "Cancelled" {
-                Ok(())
-            } else {
-                Err(w.state)
-            }
-        }
-    })
-    .await;
+    api.wait_state(sleeper, "Cancelled", Duration::from_secs(30))
+        .await;
     let out = axle_cli(
         &hub,
         &["describe", "workload", &sleeper.to_string(), "-o", "json"],

@@ -93,24 +93,7 @@ async fn start(extra: &[&str]) -> KubeEnv {
 }
 
 async fn wait_state(env: &KubeEnv, id: u64, state: &str) -> WorkloadView {
-    let api = env.api();
-    wait_until(WAIT, &format!("workload {id} to be {state}"), || {
-        let api = api.clone();
-        async move {
-            let w = api.workload(id).await;
-            if w.state == state {
-                Ok(w)
-            } else {
-                Err(format!(
-                    "{} ({}), last: {:?}",
-                    w.state,
-                    w.pending_reason.clone().unwrap_or_default(),
-                    w.history.last()
-                ))
-            }
-        }
-    })
-    .await
+    env.api().wait_state(id, state, WAIT).await
 }
 
 fn last_reason(w: &WorkloadView) -> String {

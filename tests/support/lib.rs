@@ -638,6 +638,29 @@ impl Api {
         serde_json::from_value(body).expect("workload view")
     }
 
+    /// Polls workload `id` until it is in `state`; panics after `timeout`
+    /// with what it was instead (state, pending reason, last transition).
+    pub async fn wait_state(&self, id: u64, state: &str, timeout: Duration) -> WorkloadView {
+        wait_until(
+            timeout,
+            &format!("workload {id} to be {state}"),
+            || async move {
+                let w = self.workload(id).await;
+                if w.state == state {
+                    Ok(w)
+                } else {
+                    Err(format!(
+                        "{} ({}), last: {:?}",
+                        w.state,
+                        w.pending_reason.clone().unwrap_or_default(),
+                        w.history.last()
+                    ))
+                }
+            },
+        )
+        .await
+    }
+
     /// DELETE /api/v1/workloads/{id}.
     pub async fn cancel(&self, id: u64) -> Reply {
         self.delete(&format!("/api/v1/workloads/{id}")).await
