@@ -257,11 +257,7 @@ pub fn page_body(
 ) -> Result<(Bytes, Served), HubError> {
     let page = read.page(q)?;
     pages.body(q, &page, now, |page| {
-        let items: Vec<api::WorkloadView> = page
-            .items
-            .iter()
-            .map(|i| views::workload(i.record, i.reason.map(|r| &**r)))
-            .collect();
+        let items = page.views();
         // Sized for the page up front: growing a 300 KB body by doubling
         // copies it over and over.
         let mut body = Vec::with_capacity(items.len() * PAGE_BYTES_PER_ITEM + 64);

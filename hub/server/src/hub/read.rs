@@ -66,6 +66,16 @@ pub struct Page<'a> {
     pub next: Option<String>,
 }
 
+impl Page<'_> {
+    /// The API views of the page's items.
+    pub fn views(&self) -> Vec<api::WorkloadView> {
+        self.items
+            .iter()
+            .map(|i| crate::views::workload(i.record, i.reason.map(|r| &**r)))
+            .collect()
+    }
+}
+
 pub struct PageItem<'a> {
     pub record: &'a WorkloadRecord,
     /// Changes whenever the record does ([`Workloads::range_with_gen`]).
@@ -171,12 +181,7 @@ impl ReadView {
         p: &ListParams,
     ) -> Result<(Vec<api::WorkloadView>, Option<String>), HubError> {
         let page = self.page(p)?;
-        let items = page
-            .items
-            .iter()
-            .map(|i| crate::views::workload(i.record, i.reason.map(|r| &**r)))
-            .collect();
-        Ok((items, page.next))
+        Ok((page.views(), page.next))
     }
 
     /// [`ReadView::list`] before conversion: the records of the page with

@@ -50,10 +50,9 @@ impl Workloads {
         );
     }
 
-    pub fn remove(&mut self, id: &u64) -> Option<WorkloadRecord> {
-        self.map
-            .remove(id)
-            .map(|e| Arc::try_unwrap(e).map_or_else(|e| e.record.clone(), |e| e.record))
+    /// Removes a record; snapshots that share it keep it.
+    pub fn remove(&mut self, id: &u64) -> Option<Removed> {
+        self.map.remove(id).map(Removed)
     }
 
     pub fn contains_key(&self, id: &u64) -> bool {
@@ -94,6 +93,17 @@ impl Workloads {
         self.map
             .range(range)
             .map(|(_, e)| (&e.record, e.generation))
+    }
+}
+
+/// A record taken out of the table (still shared with older snapshots,
+/// so not copied).
+pub struct Removed(Arc<Entry>);
+
+impl std::ops::Deref for Removed {
+    type Target = WorkloadRecord;
+    fn deref(&self) -> &WorkloadRecord {
+        &self.0.record
     }
 }
 
