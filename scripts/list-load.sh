@@ -2,13 +2,15 @@
 # Reads that never block writes, measured: a release hub (`--dev`, no
 # spokes, so every workload stays stored) filled to FILL workloads, then
 # ROUNDS rounds of JOBS submits alone and JOBS submits with POLLERS clients
-# walking the whole list page by page at full speed. Prints each round's
-# `axle bench submit` summary and the hub's RSS (now and peak).
+# walking the whole list page by page at full speed (each poller walks the
+# list once before the submits start: steady state, not a cold cache).
+# Prints each round's `axle bench submit` summary and the hub's RSS (now and
+# peak).
 #
-#   scripts/list-load.sh            # FILL=100000 JOBS=10000 POLLERS=32 ROUNDS=2
+#   scripts/list-load.sh            # FILL=100000 JOBS=20000 POLLERS=32 ROUNDS=2
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FILL=${FILL:-100000} JOBS=${JOBS:-10000} POLLERS=${POLLERS:-32} ROUNDS=${ROUNDS:-2}
+FILL=${FILL:-100000} JOBS=${JOBS:-20000} POLLERS=${POLLERS:-32} ROUNDS=${ROUNDS:-2}
 cargo build --release --workspace -q
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 grpc=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

@@ -243,9 +243,34 @@ pub async fn run(client: &Client, cmd: BenchCommand) -> anyhow::Result<ExitCode>
             String::new()
         }
     );
-    let start = Instant::now();
     let stop_polling = Arc::new(AtomicBool::new(false));
-    let pollers = start_pollers(client, a.pollers, a.poll_limit, stop_polling.clone());
+    let polling = Polling::default();
+    let mut pollers = start_pollers(
+        client,
+        a.pollers,
+        a.poll_limit,
+        &polling,
+        stop_polling.clone(),
+    );
+    if a.pollers > 0 {
+        // Steady state, not a cold start: every poller walks the whole list
+        // once before the submits (and the page timings) begin.
+        let warm = Instant::now();
+        while polling.walked.load(Ordering::Relaxed) < a.pollers {
+            if let Some(done) = pollers.try_join_next() {
+                done??;
+                return Err(Failed("a poller stopped during its first walk".into()).into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!(
+            "bench: {} pollers walked the list once in {:.2}s; submitting",
+            a.pollers,
+            warm.elapsed().as_secs_f64()
+        );
+        polling.measuring.store(true, Ordering::Relaxed);
+    }
+    let start = Instant::now();
     let submitted = submit_all(client, &template, a.jobs, a.concurrency, a.rate, start).await;
     let submit_s = start.elapsed().as_secs_f64();
     stop_polling.store(true, Ordering::Relaxed);
@@ -302,27 +327,44 @@ pub async fn run(client: &Client, cmd: BenchCommand) -> anyhow::Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
+/// What the pollers share with the bench: how many finished a first walk of
+/// the whole list, and whether page timings count yet.
+#[derive(Default, Clone)]
+struct Polling {
+    walked: Arc<AtomicU64>,
+    measuring: Arc<AtomicBool>,
+}
+
 /// `n` tasks that walk the whole workload list page by page, over and over,
-/// until `stop`; each returns its page latencies in ms.
+/// until `stop`; each returns its page latencies in ms, timed only while
+/// `polling.measuring`.
 fn start_pollers(
     client: &Client,
     n: u64,
     limit: usize,
+    polling: &Polling,
     stop: Arc<AtomicBool>,
 ) -> JoinSet<anyhow::Result<Vec<f64>>> {
     let mut set = JoinSet::new();
     for _ in 0..n {
-        let (client, stop) = (client.clone(), stop.clone());
+        let (client, stop, polling) = (client.clone(), stop.clone(), polling.clone());
         set.spawn(async move {
             let mut out = Vec::new();
             let mut token: Option<String> = None;
+            let mut first_walk = true;
             while !stop.load(Ordering::Relaxed) {
                 let sent = Instant::now();
                 // Not decoded: the pollers measure the hub, and decoding
                 // 300 KB pages would take the CPU the hub runs on.
                 let (_, next) = client.workload_page_raw(limit, token.as_deref()).await?;
-                out.push(sent.elapsed().as_secs_f64() * 1000.0);
+                if polling.measuring.load(Ordering::Relaxed) {
+                    out.push(sent.elapsed().as_secs_f64() * 1000.0);
+                }
                 token = next;
+                if token.is_none() && first_walk {
+                    first_walk = false;
+                    polling.walked.fetch_add(1, Ordering::Relaxed);
+                }
             }
             Ok(out)
         });

@@ -31,6 +31,10 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Items the CLI asks for per page: the hub's most, so a long list takes
 /// few round trips.
 const PAGE_ITEMS: usize = 5_000;
+/// Most bytes of one answer after gzip decoding: a page of the hub's most
+/// items (5,000) is ~4 MB of JSON; far past that it is not a hub answer
+/// but a decompression bomb.
+const MAX_BODY_BYTES: u64 = 64 << 20;
 /// Most workloads one listing gathers across pages: a table or a JSON
 /// answer beyond this is no use to a person and would only hold memory.
 const MAX_LISTED_WORKLOADS: usize = 1_000_000;
@@ -174,22 +178,15 @@ impl Client {
         if let Some(body) = body {
             req = req.json(body);
         }
-        let resp = req.send().await.map_err(|e| ClientError::Unreachable {
-            hub: self.hub().to_string(),
-            reason: transport_reason(&e),
-        })?;
-        let status = resp.status();
-        let text = resp.text().await.map_err(|e| ClientError::Unreachable {
-            hub: self.hub().to_string(),
-            reason: transport_reason(&e),
-        })?;
+        let (status, bytes) = self.send(req, &what).await?;
         if status.is_success() {
-            let value = serde_json::from_str(&text).map_err(|e| ClientError::Protocol {
+            let value = serde_json::from_slice(&bytes).map_err(|e| ClientError::Protocol {
                 what,
                 reason: e.to_string(),
             })?;
             Ok((status, value))
         } else if status.is_client_error() {
+            let text = String::from_utf8_lossy(&bytes);
             Err(ClientError::Refused {
                 status: status.as_u16(),
                 body: error_body(status, &text),
@@ -197,9 +194,52 @@ impl Client {
         } else {
             Err(ClientError::Server {
                 status: status.as_u16(),
-                body: error_body(status, &text),
+                body: error_body(status, &String::from_utf8_lossy(&bytes)),
             })
         }
+    }
+
+    /// Sends `req` accepting gzip (the hub compresses large list pages) and
+    /// returns the status and the decoded body.
+    async fn send(
+        &self,
+        req: reqwest::RequestBuilder,
+        what: &str,
+    ) -> Result<(StatusCode, Vec<u8>), ClientError> {
+        let unreachable = |e: reqwest::Error| ClientError::Unreachable {
+            hub: self.hub().to_string(),
+            reason: transport_reason(&e),
+        };
+        let resp = req
+            .header(reqwest::header::ACCEPT_ENCODING, "gzip")
+            .send()
+            .await
+            .map_err(unreachable)?;
+        let status = resp.status();
+        let gzip = resp
+            .headers()
+            .get(reqwest::header::CONTENT_ENCODING)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
+        let bytes = resp.bytes().await.map_err(unreachable)?;
+        if !gzip {
+            return Ok((status, bytes.to_vec()));
+        }
+        use std::io::Read;
+        let mut out = Vec::with_capacity(bytes.len() * 8);
+        flate2::read::GzDecoder::new(&bytes[..])
+            .take(MAX_BODY_BYTES + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| ClientError::Protocol {
+                what: what.to_string(),
+                reason: format!("bad gzip body: {e}"),
+            })?;
+        if out.len() as u64 > MAX_BODY_BYTES {
+            return Err(ClientError::Protocol {
+                what: what.to_string(),
+                reason: format!("the answer decodes to more than {MAX_BODY_BYTES} bytes"),
+            });
+        }
+        Ok((status, out))
     }
 
     async fn get<T: DeserializeOwned>(
@@ -293,18 +333,8 @@ impl Client {
         if let Some(t) = token {
             q.push(("continue", t.to_string()));
         }
-        let unreachable = |e: reqwest::Error| ClientError::Unreachable {
-            hub: self.hub().to_string(),
-            reason: transport_reason(&e),
-        };
-        let resp = self
-            .http
-            .get(self.url("api/v1/workloads", &q))
-            .send()
-            .await
-            .map_err(unreachable)?;
-        let status = resp.status();
-        let body = resp.bytes().await.map_err(unreachable)?;
+        let req = self.http.get(self.url("api/v1/workloads", &q));
+        let (status, body) = self.send(req, "GET /api/v1/workloads").await?;
         if !status.is_success() {
             return Err(ClientError::Server {
                 status: status.as_u16(),

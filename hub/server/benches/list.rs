@@ -1,7 +1,7 @@
 //! What one page of the workload list costs the hub: 100,000 stored
 //! workloads (half finished with a history, half pending with a reason),
 //! every page of 500 walked a few times, as `GET /api/v1/workloads` builds
-//! it (`http::page_body`).
+//! it (`http::page_body`), for a plain client and for a gzip one.
 //!
 //! `cargo bench --workspace --bench list` (AXLE_BENCH_WORKLOADS sets how
 //! many). Prints `key=value` lines.
@@ -10,9 +10,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use axle_hub::hub::ReadView;
 use axle_hub::hub::{Clock, ListParams};
 use axle_hub::lifecycle::WState;
-use axle_hub::page_cache::{PageCache, Served};
+use axle_hub::page_cache::{Encoding, PageCache, Served};
 use common::{fill, record, rss_mb, start};
 
 /// Walks over the whole list.
@@ -49,56 +50,75 @@ fn main() {
         // The first cycle gives the pending workloads their reasons.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let read = hub.read();
-        let pages = PageCache::new();
-        // Walk 1 builds every page; later walks find them kept (nothing
-        // changed), as pollers of a big, mostly finished hub do.
-        let mut built: Vec<f64> = Vec::new();
-        let mut kept: Vec<f64> = Vec::new();
-        let mut bytes = 0usize;
-        for _ in 0..WALKS {
-            let mut token: Option<String> = None;
-            loop {
-                let q = ListParams {
-                    continue_token: token.take(),
-                    ..Default::default()
-                };
-                let t = Instant::now();
-                let (body, served) =
-                    axle_hub::http::page_body(&read, &q, &pages, Instant::now()).expect("page");
-                let took = t.elapsed().as_secs_f64() * 1000.0;
-                match served {
-                    Served::Kept => kept.push(took),
-                    Served::Built => built.push(took),
-                }
-                bytes += body.len();
-                // The token is the page's last field; the items are not
-                // decoded (that would measure serde_json, not the hub).
-                let tail = String::from_utf8_lossy(&body[body.len().saturating_sub(64)..]).into_owned();
-                match tail.rsplit_once("\"continue\":\"") {
-                    Some((_, t)) => token = Some(t.trim_end_matches(['"', '}']).to_string()),
-                    None => break,
-                }
-            }
+        for encoding in [Encoding::Identity, Encoding::Gzip] {
+            walk(&read, encoding, n);
         }
-        let pct = |ms: &mut Vec<f64>, p: f64| {
-            ms.sort_by(f64::total_cmp);
-            ms.get(((ms.len().max(1) - 1) as f64 * p) as usize)
-                .copied()
-                .unwrap_or(f64::NAN)
-        };
-        let pages_n = built.len() + kept.len();
-        println!(
-            "workloads={n} pages={pages_n} page_bytes_mean={} built={} built_p50_ms={:.2} built_p99_ms={:.2} kept={} kept_p50_ms={:.3} kept_p99_ms={:.3} cache_mb={:.0} rss_mb={:.0}",
-            bytes / pages_n.max(1),
-            built.len(),
-            pct(&mut built, 0.5),
-            pct(&mut built, 0.99),
-            kept.len(),
-            pct(&mut kept, 0.5),
-            pct(&mut kept, 0.99),
-            pages.bytes() as f64 / 1e6,
-            rss_mb()
-        );
         tasks.abort();
     });
+}
+
+/// [`WALKS`] walks of the whole list with a fresh cache: walk 1 builds
+/// every page, later walks find them kept (nothing changed), as pollers of
+/// a big, mostly finished hub do.
+fn walk(read: &ReadView, encoding: Encoding, n: u64) {
+    let pages = PageCache::new();
+    let mut built: Vec<f64> = Vec::new();
+    let mut kept: Vec<f64> = Vec::new();
+    let mut bytes = 0usize;
+    for _ in 0..WALKS {
+        let mut token: Option<String> = None;
+        loop {
+            let q = ListParams {
+                continue_token: token.take(),
+                ..Default::default()
+            };
+            let t = Instant::now();
+            let (body, served) =
+                axle_hub::http::page_body(read, &q, &pages, Instant::now(), encoding)
+                    .expect("page");
+            let took = t.elapsed().as_secs_f64() * 1000.0;
+            match served {
+                Served::Kept => kept.push(took),
+                Served::Built => built.push(took),
+            }
+            bytes += body.bytes.len();
+            let json = if body.gzip {
+                let mut out = Vec::new();
+                std::io::Read::read_to_end(
+                    &mut flate2::read::GzDecoder::new(&body.bytes[..]),
+                    &mut out,
+                )
+                .expect("gzip");
+                out
+            } else {
+                body.bytes.to_vec()
+            };
+            // The token is the page's last field; the items are not
+            // decoded (that would measure serde_json, not the hub).
+            let tail = String::from_utf8_lossy(&json[json.len().saturating_sub(64)..]).into_owned();
+            match tail.rsplit_once("\"continue\":\"") {
+                Some((_, t)) => token = Some(t.trim_end_matches(['"', '}']).to_string()),
+                None => break,
+            }
+        }
+    }
+    let pct = |ms: &mut Vec<f64>, p: f64| {
+        ms.sort_by(f64::total_cmp);
+        ms.get(((ms.len().max(1) - 1) as f64 * p) as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let pages_n = built.len() + kept.len();
+    println!(
+        "encoding={encoding:?} workloads={n} pages={pages_n} page_bytes_mean={} built={} built_p50_ms={:.2} built_p99_ms={:.2} kept={} kept_p50_ms={:.3} kept_p99_ms={:.3} cache_mb={:.0} rss_mb={:.0}",
+        bytes / pages_n.max(1),
+        built.len(),
+        pct(&mut built, 0.5),
+        pct(&mut built, 0.99),
+        kept.len(),
+        pct(&mut kept, 0.5),
+        pct(&mut kept, 0.99),
+        pages.bytes() as f64 / 1e6,
+        rss_mb()
+    );
 }

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use tokio::sync::oneshot;
 
 use crate::hub::{Command, Hub, HubError, ListParams, ReadView};
-use crate::page_cache::{PageCache, Served};
+use crate::page_cache::{Body, Encoding, PageCache, Served};
 use crate::{logs, views};
 
 /// Largest accepted request body: a submit is a few KB; 1 MiB leaves room
@@ -216,6 +216,7 @@ async fn submit(State(hub): State<Arc<Hub>>, body: Bytes) -> Response {
 async fn list_workloads(
     State(hub): State<Arc<Hub>>,
     axum::Extension(pages): axum::Extension<Arc<PageCache>>,
+    headers: axum::http::HeaderMap,
     q: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let q = match q {
@@ -230,20 +231,55 @@ async fn list_workloads(
         }
     };
     let read = hub.read();
+    let encoding = accepted_encoding(&headers);
     let page = hub
-        .with_list_permit(move || page_body(&read, &q, &pages, std::time::Instant::now()))
+        .with_list_permit(move || page_body(&read, &q, &pages, std::time::Instant::now(), encoding))
         .await;
+    use axum::http::{HeaderValue, header};
     match page {
-        Ok(Ok((body, _))) => (
-            StatusCode::OK,
-            [(
-                axum::http::header::CONTENT_TYPE,
-                axum::http::HeaderValue::from_static("application/json"),
-            )],
-            body,
-        )
-            .into_response(),
+        Ok(Ok((body, _))) => {
+            let mut resp = (
+                StatusCode::OK,
+                [
+                    (
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    ),
+                    (header::VARY, HeaderValue::from_static("accept-encoding")),
+                ],
+                body.bytes,
+            )
+                .into_response();
+            if body.gzip {
+                resp.headers_mut()
+                    .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            }
+            resp
+        }
         Ok(Err(e)) | Err(e) => err(e),
+    }
+}
+
+/// gzip when the client's `Accept-Encoding` names it (and not with `q=0`).
+fn accepted_encoding(headers: &axum::http::HeaderMap) -> Encoding {
+    let gzip = headers
+        .get_all(axum::http::header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';').map(str::trim);
+            parts.next().is_some_and(|c| c.eq_ignore_ascii_case("gzip"))
+                && !parts.any(|p| {
+                    p.strip_prefix("q=")
+                        .and_then(|q| q.parse::<f32>().ok())
+                        .is_some_and(|q| q <= 0.0)
+                })
+        });
+    if gzip {
+        Encoding::Gzip
+    } else {
+        Encoding::Identity
     }
 }
 
@@ -254,9 +290,10 @@ pub fn page_body(
     q: &ListParams,
     pages: &PageCache,
     now: std::time::Instant,
-) -> Result<(Bytes, Served), HubError> {
+    encoding: Encoding,
+) -> Result<(Body, Served), HubError> {
     let page = read.page(q)?;
-    pages.body(q, &page, now, |page| {
+    pages.body(q, &page, now, encoding, |page| {
         let items = page.views();
         // Sized for the page up front: growing a 300 KB body by doubling
         // copies it over and over.

@@ -12,6 +12,7 @@ pub mod isolation;
 pub mod lifecycle;
 pub mod logs;
 pub mod page_cache;
+pub mod read_lane;
 pub mod records;
 pub mod request_limits;
 pub mod server;

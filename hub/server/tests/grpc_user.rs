@@ -1,34 +1,12 @@
 //! The gRPC user API against a real in-process hub on loopback: the same
 //! operations and the same validation as the HTTP API.
 
+mod common;
+
 use std::time::Duration;
 
-use axle_hub::server;
 use axle_proto::pb;
 use axle_proto::pb::user_service_client::UserServiceClient;
-
-async fn start_hub() -> (String, tokio::sync::oneshot::Sender<()>, tempfile::TempDir) {
-    let data = tempfile::tempdir().expect("tempdir");
-    let listeners = server::Listeners::bind(
-        "127.0.0.1:0".parse().expect("addr"),
-        "127.0.0.1:0".parse().expect("addr"),
-    )
-    .await
-    .expect("bind");
-    let grpc = listeners.grpc.local_addr().expect("addr");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let policy = axle_hub::dev::example_policy().expect("example policy");
-    let dir = data.path().to_path_buf();
-    tokio::spawn(async move {
-        let stop = async move {
-            let _ = stop_rx.await;
-        };
-        server::run(dir, policy, None, listeners, stop)
-            .await
-            .expect("hub runs");
-    });
-    (format!("http://{grpc}"), stop_tx, data)
-}
 
 async fn client(url: &str) -> UserServiceClient<tonic::transport::Channel> {
     for _ in 0..100 {
@@ -53,7 +31,8 @@ fn request(team: &str, gpus: f64) -> pb::SubmitRequest {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn submit_get_list_cancel_over_grpc() {
-    let (url, stop, _data) = start_hub().await;
+    let hub = common::start_hub(common::Options::default()).await;
+    let url = hub.grpc_url();
     let mut c = client(&url).await;
 
     let w = c
@@ -95,12 +74,13 @@ async fn submit_get_list_cancel_over_grpc() {
         cancelled.history.last().map(|t| t.to.as_str()),
         Some("Cancelled")
     );
-    let _ = stop.send(());
+    let _ = hub.stop.send(());
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_are_invalid_argument_and_store_nothing() {
-    let (url, stop, _data) = start_hub().await;
+    let hub = common::start_hub(common::Options::default()).await;
+    let url = hub.grpc_url();
     let mut c = client(&url).await;
     for (req, needle) in [
         (request("nobody", 1.0), "unknown team"),
@@ -127,5 +107,5 @@ async fn bad_requests_are_invalid_argument_and_store_nothing() {
         .expect("list")
         .into_inner();
     assert!(list.workloads.is_empty());
-    let _ = stop.send(());
+    let _ = hub.stop.send(());
 }

@@ -6,40 +6,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+mod common;
+
 use axle_hub::http_serve::HttpLimits;
-use axle_hub::server;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-async fn start_hub(
-    limits: HttpLimits,
-) -> (
-    SocketAddr,
-    tokio::sync::oneshot::Sender<()>,
-    tempfile::TempDir,
-) {
-    let data = tempfile::tempdir().expect("tempdir");
-    let mut listeners = server::Listeners::bind(
-        "127.0.0.1:0".parse().expect("addr"),
-        "127.0.0.1:0".parse().expect("addr"),
-    )
-    .await
-    .expect("bind");
-    listeners.http_limits = limits;
-    let http = listeners.http.local_addr().expect("addr");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let policy = axle_hub::dev::example_policy().expect("example policy");
-    let dir = data.path().to_path_buf();
-    tokio::spawn(async move {
-        let stop = async move {
-            let _ = stop_rx.await;
-        };
-        server::run(dir, policy, None, listeners, stop)
-            .await
-            .expect("hub runs");
-    });
-    (http, stop_tx, data)
-}
 
 /// `GET /healthz` on a fresh connection; the status line.
 async fn healthz(addr: SocketAddr) -> Result<String, String> {
@@ -80,12 +51,16 @@ async fn wait_up(addr: SocketAddr) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn half_headers_and_idle_connections_are_closed() {
-    let (addr, stop, _data) = start_hub(HttpLimits {
-        max_connections: 4_096,
-        idle_timeout: Duration::from_secs(2),
-        header_read_timeout: Duration::from_secs(1),
+    let hub = common::start_hub(common::Options {
+        http_limits: Some(HttpLimits {
+            max_connections: 4_096,
+            idle_timeout: Duration::from_secs(2),
+            header_read_timeout: Duration::from_secs(1),
+        }),
+        ..Default::default()
     })
     .await;
+    let addr = hub.http;
     wait_up(addr).await;
     let mut half = Vec::new();
     for _ in 0..200 {
@@ -108,18 +83,22 @@ async fn half_headers_and_idle_connections_are_closed() {
         "a connection that sent nothing is still open"
     );
     assert_eq!(healthz(addr).await.as_deref(), Ok("HTTP/1.1 200 OK"));
-    let _ = stop.send(());
+    let _ = hub.stop.send(());
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flood_of_idle_connections_does_not_lock_out_healthz() {
     let limit = 64;
-    let (addr, stop, _data) = start_hub(HttpLimits {
-        max_connections: limit,
-        idle_timeout: Duration::from_secs(600),
-        header_read_timeout: Duration::from_secs(600),
+    let hub = common::start_hub(common::Options {
+        http_limits: Some(HttpLimits {
+            max_connections: limit,
+            idle_timeout: Duration::from_secs(600),
+            header_read_timeout: Duration::from_secs(600),
+        }),
+        ..Default::default()
     })
     .await;
+    let addr = hub.http;
     wait_up(addr).await;
     // Ten times the limit, all idle and never timing out by themselves.
     let mut idle = Vec::new();
@@ -137,5 +116,5 @@ async fn a_flood_of_idle_connections_does_not_lock_out_healthz() {
     }
     // The oldest idle connections were closed to make room.
     assert!(closed_within(&mut idle[0], Duration::from_secs(5)).await);
-    let _ = stop.send(());
+    let _ = hub.stop.send(());
 }

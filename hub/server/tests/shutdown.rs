@@ -1,6 +1,8 @@
 //! Shutdown: a SIGTERM'd hub (its shutdown future) drains and exits within
 //! its deadline even with a spoke session and idle HTTP connections open.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use axle_hub::server;
@@ -12,24 +14,8 @@ use tokio_stream::wrappers::ReceiverStream;
 async fn shutdown_ends_spoke_sessions_and_returns_within_the_drain_deadline() {
     // Observed: the shutdown waited for every gRPC stream to end, and a
     // spoke's session never ends by itself.
-    let data = tempfile::tempdir().expect("tempdir");
-    let listeners = server::Listeners::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .await
-    .expect("bind");
-    let http = listeners.http.local_addr().unwrap();
-    let grpc = listeners.grpc.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let policy = axle_hub::dev::example_policy().expect("example policy");
-    let dir = data.path().to_path_buf();
-    let hub = tokio::spawn(async move {
-        server::run(dir, policy, None, listeners, async move {
-            let _ = stop_rx.await;
-        })
-        .await
-    });
+    let hub = common::start_hub(common::Options::default()).await;
+    let (http, grpc) = (hub.http, hub.grpc);
 
     // A spoke session, open and idle.
     let channel = loop {
@@ -80,8 +66,8 @@ async fn shutdown_ends_spoke_sessions_and_returns_within_the_drain_deadline() {
     idle.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
 
     let t = Instant::now();
-    stop_tx.send(()).unwrap();
-    let res = tokio::time::timeout(server::DRAIN_DEADLINE + Duration::from_secs(3), hub)
+    hub.stop.send(()).unwrap();
+    let res = tokio::time::timeout(server::DRAIN_DEADLINE + Duration::from_secs(3), hub.run)
         .await
         .expect("the hub returns within its drain deadline");
     res.expect("hub task").expect("clean shutdown");

@@ -2,9 +2,10 @@
 //! real gRPC stream: assignments, preemption stops, fencing of stale epochs,
 //! and a preempted workload that finishes before its stop takes effect.
 
+mod common;
+
 use std::time::Duration;
 
-use axle_hub::server;
 use axle_proto::pb;
 use axle_proto::pb::hub_message::Msg as Down;
 use axle_proto::pb::spoke_message::Msg as Up;
@@ -114,46 +115,20 @@ async fn next(rx: &mut tonic::Streaming<pb::HubMessage>) -> Down {
     m.msg.expect("non-empty")
 }
 
-async fn start_hub() -> (
-    String,
-    String,
-    tokio::sync::oneshot::Sender<()>,
-    tempfile::TempDir,
-) {
+async fn start_hub() -> common::TestHub {
     start_hub_with_token(None).await
 }
 
-async fn start_hub_with_token(
-    token: Option<String>,
-) -> (
-    String,
-    String,
-    tokio::sync::oneshot::Sender<()>,
-    tempfile::TempDir,
-) {
-    let data = tempfile::tempdir().expect("tempdir");
+async fn start_hub_with_token(token: Option<String>) -> common::TestHub {
     let policy = axle_policy::load_sources(&[("p.yaml".to_string(), POLICY.to_string())])
         .expect("policy")
         .policy;
-    let listeners = server::Listeners::bind(
-        "127.0.0.1:0".parse().expect("addr"),
-        "127.0.0.1:0".parse().expect("addr"),
-    )
+    common::start_hub(common::Options {
+        policy: Some(policy),
+        spoke_token: token,
+        ..Default::default()
+    })
     .await
-    .expect("bind");
-    let grpc = format!("http://{}", listeners.grpc.local_addr().expect("addr"));
-    let http = format!("http://{}", listeners.http.local_addr().expect("addr"));
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let dir = data.path().to_path_buf();
-    tokio::spawn(async move {
-        let stop = async move {
-            let _ = stop_rx.await;
-        };
-        server::run(dir, policy, token, listeners, stop)
-            .await
-            .expect("hub");
-    });
-    (grpc, http, stop_tx, data)
 }
 
 async fn submit(url: &str, team: &str, priority: &str) -> u64 {
@@ -195,7 +170,8 @@ async fn wait_state(url: &str, id: u64, state: &str) -> pb::Workload {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn preemption_stop_then_assign_and_early_exit_counts_as_success() {
-    let (grpc, _http, stop, _data) = start_hub().await;
+    let hub = start_hub().await;
+    let grpc = hub.grpc_url();
     let mut spoke = Spoke::connect(&grpc, Vec::new()).await;
 
     let batch = submit(&grpc, "borrowers", "batch").await;
@@ -228,12 +204,13 @@ async fn preemption_stop_then_assign_and_early_exit_counts_as_success() {
             .iter()
             .any(|t| t.reason.contains("preempted for workload"))
     );
-    let _ = stop.send(());
+    let _ = hub.stop.send(());
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stale_epochs_are_fenced_and_a_preempted_workload_waits_for_its_stop() {
-    let (grpc, _http, stop, _data) = start_hub().await;
+    let hub = start_hub().await;
+    let grpc = hub.grpc_url();
     let mut spoke = Spoke::connect(&grpc, Vec::new()).await;
 
     let batch = submit(&grpc, "borrowers", "batch").await;
@@ -275,7 +252,7 @@ async fn stale_epochs_are_fenced_and_a_preempted_workload_waits_for_its_stop() {
         panic!("expected the victim to be assigned again")
     };
     assert_eq!((a.workload_id, a.epoch), (batch, 2));
-    let _ = stop.send(());
+    let _ = hub.stop.send(());
 }
 
 /// Opens a session with one Register and returns the hub's answer.
@@ -305,7 +282,8 @@ async fn register(url: &str, cluster: &str, token: &str) -> Result<pb::HubMessag
 
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_spokes_are_refused_and_change_nothing() {
-    let (grpc, http, stop, _data) = start_hub_with_token(Some("s3cret".into())).await;
+    let hub = start_hub_with_token(Some("s3cret".into())).await;
+    let (grpc, http) = (hub.grpc_url(), hub.http_url());
     let e = register(&grpc, "c1", "guess")
         .await
         .expect_err("wrong token");
@@ -322,7 +300,7 @@ async fn forged_spokes_are_refused_and_change_nothing() {
     assert!(!body.contains("rogue"), "{body}");
     let ok = register(&grpc, "c1", "s3cret").await.expect("right token");
     assert!(matches!(ok.msg, Some(Down::Registered(_))));
-    let _ = stop.send(());
+    let _ = hub.stop.send(());
 }
 
 /// A plain HTTP/1.1 GET over loopback (the hub's HTTP API), without a client library.

@@ -49,6 +49,7 @@ use axle_policy::Policy;
 use axle_scheduler::{PendingReason, State};
 use tokio::sync::mpsc;
 
+use crate::read_lane::ReadLane;
 use crate::records::*;
 use crate::store::Store;
 
@@ -111,6 +112,8 @@ pub struct Hub {
     read: ArcSwap<ReadView>,
     /// Permits to build a list page (see [`list_concurrency`]).
     lists: tokio::sync::Semaphore,
+    /// The threads that build them, below the writers' CPU priority.
+    list_lane: ReadLane,
     store: Arc<dyn Store>,
     tx: mpsc::Sender<Command>,
     pub config: HubConfig,
@@ -130,6 +133,7 @@ impl Hub {
         let hub = Arc::new(Hub {
             read: ArcSwap::from_pointee(inner.read_view()),
             lists: tokio::sync::Semaphore::new(list_concurrency()),
+            list_lane: ReadLane::new(list_concurrency()),
             inner: Mutex::new(inner),
             store,
             tx,
@@ -172,11 +176,11 @@ impl Hub {
         self.read.load_full()
     }
 
-    /// Runs `build` (a list page and its encoding) on the blocking pool
+    /// Runs `build` (a list page and its encoding) on the [`ReadLane`]
     /// once a list permit is free: lists are the expensive reads, and
     /// however many clients poll them they use at most
     /// [`list_concurrency`] threads, off the async workers that carry
-    /// submits and the applier.
+    /// submits and the applier, and below their CPU priority.
     pub async fn with_list_permit<T: Send + 'static>(
         &self,
         build: impl FnOnce() -> T + Send + 'static,
@@ -186,9 +190,7 @@ impl Hub {
             .acquire()
             .await
             .map_err(|_| HubError::shutting_down())?;
-        tokio::task::spawn_blocking(build)
-            .await
-            .map_err(|e| HubError::Internal(format!("a list page failed: {e}")))
+        self.list_lane.run(build).await
     }
 
     pub async fn send(&self, cmd: Command) -> Result<(), HubError> {

@@ -229,6 +229,9 @@ impl ReadView {
         let start = after.map_or(0, |id| id.saturating_add(1));
         let mut items: Vec<PageItem<'_>> = Vec::new();
         let mut next = None;
+        // Both tables are ordered by id: the reasons are walked beside the
+        // records (one pass) rather than looked up one by one.
+        let mut reasons = self.reasons.range(start..).peekable();
         for (w, generation) in self.workloads.range_with_gen(start..).filter(|(w, _)| {
             p.team.as_ref().is_none_or(|t| &w.team == t)
                 && state.is_none_or(|s| w.state == s)
@@ -244,10 +247,12 @@ impl ReadView {
                 next = items.last().map(|i| continue_token(i.record.id));
                 break;
             }
+            while reasons.next_if(|(id, _)| **id < w.id).is_some() {}
+            let reason = reasons.next_if(|(id, _)| **id == w.id).map(|(_, r)| r);
             items.push(PageItem {
                 record: w,
                 generation,
-                reason: self.reasons.get(&w.id),
+                reason,
             });
         }
         Ok(Page {
