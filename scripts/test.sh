@@ -4,14 +4,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the suite uses, each as "command-that-proves-it:package".
+# Debian packages the suite uses, each as "proof:package", the proof being a
+# command on PATH or an absolute path that the package installs.
 # kubectl renders deploy/'s kustomizations; machines that already have one
 # (with kustomize v5) keep it: Debian's package ships the same /usr/bin/kubectl.
-PACKAGES=("kubectl:kubernetes-client")
+# etcd runs the store contract tests on a real etcd (hub/server/tests/
+# store_contract.rs); etcd-client's build runs protoc, which needs the
+# well-known .proto files of libprotobuf-dev.
+PACKAGES=(
+  "kubectl:kubernetes-client"
+  "etcd:etcd-server"
+  "protoc:protobuf-compiler"
+  "/usr/include/google/protobuf/descriptor.proto:libprotobuf-dev"
+)
 
 missing=()
 for pair in "${PACKAGES[@]}"; do
-  command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+  proof=${pair%%:*}
+  case $proof in
+    /*) [ -e "$proof" ] || missing+=("${pair#*:}") ;;
+    *) command -v "$proof" >/dev/null 2>&1 || missing+=("${pair#*:}") ;;
+  esac
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]}"

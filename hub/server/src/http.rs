@@ -444,7 +444,7 @@ async fn events(
     let limit = q.limit.unwrap_or(1000).min(MAX_EVENTS_PER_PAGE);
     let events = match q.tail {
         Some(n) => Ok(hub.events_tail(n.min(MAX_EVENTS_PER_PAGE), q.workload)),
-        None => hub.events_since(q.since, limit, q.workload),
+        None => hub.events_since(q.since, limit, q.workload).await,
     };
     match events {
         Ok(events) => {

@@ -10,9 +10,11 @@ use axle_proto::pb;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, warn};
 
+use super::retention::{EventsPage, RETENTION_BATCH};
 use super::spokes::SpokeEvent;
 use super::{Hub, HubConfig, HubError, Inner, MAX_COMMANDS_PER_BATCH, SpokeTx};
-use crate::store::{MAX_OPS_PER_TXN, Op, Store, Txn};
+use crate::records::EVENTS;
+use crate::store::{MAX_OPS_PER_TXN, Op, Txn};
 
 pub type Reply<T> = oneshot::Sender<Result<T, HubError>>;
 
@@ -147,10 +149,23 @@ impl Hub {
         while rx.recv_many(&mut batch, MAX_COMMANDS_PER_BATCH).await > 0 {
             let now = self.now_ms();
             let mut fx = Effects::default();
+            // Retention's read of old events happens here, before the lock
+            // (the store is async); nothing else writes meanwhile.
+            let mut events = None;
+            if batch.iter().any(|c| matches!(c, Command::Tick)) {
+                let from = self.lock().events_to_read(now);
+                if let Some(from) = from {
+                    events = Some(
+                        self.store
+                            .range_page(EVENTS, Some(&from), RETENTION_BATCH)
+                            .await,
+                    );
+                }
+            }
             {
                 let mut inner = self.lock();
                 for cmd in batch.drain(..) {
-                    inner.apply(&self.config, self.store.as_ref(), cmd, &mut fx, now);
+                    inner.apply(&self.config, cmd, &mut fx, now, &mut events);
                 }
                 if inner.dirty {
                     inner.dirty = false;
@@ -176,10 +191,10 @@ impl Inner {
     pub(super) fn apply(
         &mut self,
         cfg: &HubConfig,
-        store: &dyn Store,
         cmd: Command,
         fx: &mut Effects,
         now: u64,
+        events: &mut Option<EventsPage>,
     ) {
         match cmd {
             Command::Submit(req, reply) => match self.submit(req, fx, now) {
@@ -249,7 +264,7 @@ impl Inner {
             }
             Command::Tick => {
                 self.liveness(fx, now);
-                self.retain(fx, now, store);
+                self.retain(fx, now, events.take());
                 // A cycle each tick (waits pass burst thresholds), without
                 // forcing a full explanation when nothing else changed.
                 self.dirty = true;

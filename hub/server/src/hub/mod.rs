@@ -128,7 +128,7 @@ impl Hub {
         config: HubConfig,
     ) -> anyhow::Result<(Arc<Hub>, HubTasks)> {
         let now = config.clock.now_ms();
-        let inner = restore::load(store.as_ref(), Arc::new(policy), now)?;
+        let inner = restore::load(store.as_ref(), Arc::new(policy), now).await?;
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let hub = Arc::new(Hub {
             read: ArcSwap::from_pointee(inner.read_view()),

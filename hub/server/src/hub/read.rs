@@ -429,7 +429,7 @@ impl Hub {
 
     /// Events after `since` (oldest first): from the snapshot, or from the
     /// store when they are older than its window.
-    pub fn events_since(
+    pub async fn events_since(
         &self,
         since: u64,
         limit: usize,
@@ -461,6 +461,7 @@ impl Hub {
             let page = self
                 .store
                 .range_page(EVENTS, Some(&after), super::EVENTS_IN_MEMORY)
+                .await
                 .map_err(|e| HubError::Internal(format!("cannot read events: {e}")))?;
             let Some(last) = page.last() else { break };
             after = last.key.clone();

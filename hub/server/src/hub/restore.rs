@@ -14,10 +14,14 @@ use super::{EVENTS_IN_MEMORY, Inner, Workloads};
 use crate::records::*;
 use crate::store::Store;
 
-pub(super) fn load(store: &dyn Store, policy: Arc<Policy>, now: u64) -> anyhow::Result<Inner> {
+pub(super) async fn load(
+    store: &dyn Store,
+    policy: Arc<Policy>,
+    now: u64,
+) -> anyhow::Result<Inner> {
     let mut workloads = Workloads::default();
     let mut finished = BTreeSet::new();
-    for kv in store.range(WORKLOADS)? {
+    for kv in store.range(WORKLOADS).await? {
         let w: WorkloadRecord = serde_json::from_slice::<WorkloadRecord>(&kv.value)
             .map_err(|e| anyhow::anyhow!("corrupt record {}: {e}", kv.key))?
             .upgrade();
@@ -27,7 +31,7 @@ pub(super) fn load(store: &dyn Store, policy: Arc<Policy>, now: u64) -> anyhow::
         workloads.insert(w);
     }
     let mut clusters = BTreeMap::new();
-    for kv in store.range(CLUSTERS)? {
+    for kv in store.range(CLUSTERS).await? {
         let c: ClusterRecord = serde_json::from_slice(&kv.value)
             .map_err(|e| anyhow::anyhow!("corrupt record {}: {e}", kv.key))?;
         let mut entry = ClusterEntry::new(SpokeState::Disconnected, now);
@@ -40,8 +44,9 @@ pub(super) fn load(store: &dyn Store, policy: Arc<Policy>, now: u64) -> anyhow::
     }
     add_declared_clusters(&policy, &mut clusters);
     let mut events = imbl::Vector::new();
-    let tail = store.range_tail(EVENTS, EVENTS_IN_MEMORY)?;
-    let (oldest_event, oldest_event_at_ms) = match store.range_page(EVENTS, None, 1)?.first() {
+    let tail = store.range_tail(EVENTS, EVENTS_IN_MEMORY).await?;
+    let (oldest_event, oldest_event_at_ms) = match store.range_page(EVENTS, None, 1).await?.first()
+    {
         Some(kv) => match serde_json::from_slice::<EventRecord>(&kv.value) {
             Ok(e) => (e.seq, e.at_ms),
             // Undecodable: retention looks at it (and deletes it) first.
@@ -56,7 +61,7 @@ pub(super) fn load(store: &dyn Store, policy: Arc<Policy>, now: u64) -> anyhow::
             events.push_back(Arc::new(e));
         }
     }
-    let counters: Option<CountersRecord> = match store.get(COUNTERS_KEY)? {
+    let counters: Option<CountersRecord> = match store.get(COUNTERS_KEY).await? {
         Some(kv) => Some(
             serde_json::from_slice(&kv.value)
                 .map_err(|e| anyhow::anyhow!("corrupt record {COUNTERS_KEY}: {e}"))?,

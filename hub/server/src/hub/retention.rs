@@ -7,6 +7,7 @@
 use super::Inner;
 use super::applier::Effects;
 use crate::records::*;
+use crate::store::{KeyValue, StoreError};
 
 /// Records deleted per tick (each kind): 5,000/s is fifty times a steady
 /// 100 workloads/s, so a backlog (a shortened window, a hub that was down,
@@ -21,14 +22,27 @@ pub struct Retention {
     pub events: usize,
 }
 
+/// The page of stored events a tick's retention reads, read by the
+/// applier before it takes the state's lock (the store is async).
+pub(super) type EventsPage = Result<Vec<KeyValue>, StoreError>;
+
 impl Inner {
+    /// Where this tick's retention reads events from (the key to start
+    /// after), if the oldest known event is past its window.
+    pub(super) fn events_to_read(&self, now: u64) -> Option<String> {
+        let events_before = now.saturating_sub(self.policy.settings.retain_events_ms);
+        (self.oldest_event_at_ms <= events_before)
+            .then(|| event_key(self.oldest_event.saturating_sub(1)))
+    }
+
     /// Deletes what is past its retention window, at most
-    /// [`RETENTION_BATCH`] of each kind.
+    /// [`RETENTION_BATCH`] of each kind. `events` is the page read from
+    /// [`Inner::events_to_read`] (none: events wait for the next tick).
     pub(super) fn retain(
         &mut self,
         fx: &mut Effects,
         now: u64,
-        store: &dyn crate::store::Store,
+        events: Option<EventsPage>,
     ) -> Retention {
         let mut done = Retention::default();
         let s = &self.policy.settings;
@@ -57,9 +71,10 @@ impl Inner {
         // Events are in sequence (and so time) order: delete from the
         // oldest while they are past the window. The store is read only
         // when the oldest known event is old enough.
-        if self.oldest_event_at_ms <= events_before {
-            let from = event_key(self.oldest_event.saturating_sub(1));
-            let page = match store.range_page(EVENTS, Some(&from), RETENTION_BATCH) {
+        if self.oldest_event_at_ms <= events_before
+            && let Some(page) = events
+        {
+            let page = match page {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::warn!("retention cannot read events: {e}");

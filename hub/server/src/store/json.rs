@@ -48,23 +48,24 @@ pub fn decode_json<T: DeserializeOwned>(kv: &KeyValue) -> Result<T, StoreError> 
 }
 
 /// Reads a key as JSON, with its revision (for a later compare-and-swap).
-pub fn get_json<T: DeserializeOwned, S: Store + ?Sized>(
+pub async fn get_json<T: DeserializeOwned, S: Store + ?Sized>(
     store: &S,
     key: &str,
 ) -> Result<Option<(T, Rev)>, StoreError> {
-    match store.get(key)? {
+    match store.get(key).await? {
         Some(kv) => Ok(Some((decode_json(&kv)?, kv.mod_rev))),
         None => Ok(None),
     }
 }
 
 /// Reads every key under `prefix` as JSON, sorted by key: `(key, value, mod_rev)`.
-pub fn range_json<T: DeserializeOwned, S: Store + ?Sized>(
+pub async fn range_json<T: DeserializeOwned, S: Store + ?Sized>(
     store: &S,
     prefix: &str,
 ) -> Result<Vec<(String, T, Rev)>, StoreError> {
     store
-        .range(prefix)?
+        .range(prefix)
+        .await?
         .into_iter()
         .map(|kv| {
             let value = decode_json(&kv)?;

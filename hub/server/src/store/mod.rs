@@ -6,9 +6,11 @@
 //! because one fsync costs ~5 ms on the target machine: committing each transition on its own
 //! caps the hub at ~190 durable writes/s.
 //!
-//! The trait is deliberately etcd-shaped (revisions, compare-and-swap, prefix watch, leases with a
-//! TTL) so an etcd backend can implement it later without the hub changing.
+//! The trait is etcd-shaped (revisions, compares on value, version and revision, prefix watch,
+//! leases with a TTL) and async throughout, so both backends — the embedded [`RedbStore`] and
+//! [`EtcdStore`] — implement one contract, checked by the same tests (`tests/store_contract.rs`).
 
+mod etcd_store;
 mod json;
 mod record;
 mod redb_store;
@@ -18,6 +20,7 @@ use std::pin::Pin;
 
 use tokio::sync::mpsc;
 
+pub use etcd_store::{EtcdOptions, EtcdStore};
 pub use json::{decode_json, get_json, put_json, put_json_with_lease, range_json};
 pub use redb_store::{
     DB_FILE_NAME, MAX_BATCH_TXNS, MAX_LEASE_TTL_MS, MAX_LEASES, MAX_WATCHERS, QUEUE_CAPACITY,
@@ -53,12 +56,16 @@ pub struct KeyValue {
     pub value: Vec<u8>,
     /// Revision of the txn that last wrote this key.
     pub mod_rev: Rev,
+    /// Revision of the txn that created it (its first put since it was last absent).
+    pub create_rev: Rev,
+    /// Puts since it was created: 1 after the first (etcd's `version`).
+    pub version: u64,
     /// The lease the key is attached to: the key is deleted when the lease expires or is revoked.
     pub lease: Option<LeaseId>,
 }
 
 /// A condition on one key, checked when the txn is applied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Compare {
     /// The key does not exist.
     Absent,
@@ -66,6 +73,24 @@ pub enum Compare {
     Present,
     /// The key exists and was last written at exactly this revision (compare-and-swap).
     ModRev(Rev),
+    /// The key exists and has exactly this many puts since its creation.
+    Version(u64),
+    /// The key exists and holds exactly these bytes.
+    Value(Vec<u8>),
+}
+
+impl Compare {
+    /// Whether the condition holds for the key's current state (`None`: absent).
+    pub fn holds(&self, kv: Option<&KeyValue>) -> bool {
+        match (self, kv) {
+            (Compare::Absent, kv) => kv.is_none(),
+            (_, None) => false,
+            (Compare::Present, Some(_)) => true,
+            (Compare::ModRev(r), Some(kv)) => kv.mod_rev == *r,
+            (Compare::Version(v), Some(kv)) => kv.version == *v,
+            (Compare::Value(v), Some(kv)) => &kv.value == v,
+        }
+    }
 }
 
 /// One write.
@@ -268,14 +293,17 @@ impl StoreError {
 }
 
 /// The hub's durable state: an ordered key space with revisions, CAS txns, prefix watches and
-/// leases. Object safe: hold it as `Arc<dyn Store>`.
+/// leases. Object safe: hold it as `Arc<dyn Store>`. Every call is async: the embedded backend
+/// answers reads at once, etcd over the network.
 pub trait Store: Send + Sync + 'static {
     /// The current value of a key. Reads see only durable commits.
-    fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError>;
+    fn get(&self, key: &str) -> BoxFuture<'_, Result<Option<KeyValue>, StoreError>>;
 
     /// All keys starting with `prefix`, sorted by key. The result is unbounded: callers range over
     /// prefixes whose size the hub's admission limits already bound.
-    fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError>;
+    fn range(&self, prefix: &str) -> BoxFuture<'_, Result<Vec<KeyValue>, StoreError>> {
+        self.range_page(prefix, None, usize::MAX)
+    }
 
     /// At most `limit` keys starting with `prefix` and sorting after `after`
     /// (from the first key when `None`), sorted by key: a paginated range.
@@ -284,13 +312,17 @@ pub trait Store: Send + Sync + 'static {
         prefix: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<KeyValue>, StoreError>;
+    ) -> BoxFuture<'_, Result<Vec<KeyValue>, StoreError>>;
 
     /// The last `limit` keys starting with `prefix`, sorted by key.
-    fn range_tail(&self, prefix: &str, limit: usize) -> Result<Vec<KeyValue>, StoreError>;
+    fn range_tail(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<KeyValue>, StoreError>>;
 
     /// Revision of the latest durable commit.
-    fn rev(&self) -> Rev;
+    fn rev(&self) -> BoxFuture<'_, Result<Rev, StoreError>>;
 
     /// Applies a txn. Resolves once the change is durable (fsynced).
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, StoreError>>;
@@ -309,7 +341,7 @@ pub trait Store: Send + Sync + 'static {
     /// order. A watcher that falls [`WATCH_CHANNEL_CAPACITY`] events behind is dropped: its
     /// receiver then ends, and the consumer must re-list with [`Store::range`] and watch again
     /// (watch first, then range, so no change falls in between).
-    fn watch(&self, prefix: &str) -> Result<mpsc::Receiver<WatchEvent>, StoreError>;
+    fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<mpsc::Receiver<WatchEvent>, StoreError>>;
 
     /// Grants a lease that expires `ttl_ms` after the grant unless kept alive.
     fn lease_grant(&self, ttl_ms: u64) -> BoxFuture<'_, Result<LeaseId, StoreError>>;

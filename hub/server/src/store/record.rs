@@ -1,10 +1,14 @@
 //! The versioned on-disk envelope of one key's record, and the rules for migrating it.
 //!
-//! Layout of version 1 (all integers little-endian):
+//! Layout of version 2, written now (all integers little-endian):
 //!
 //! ```text
-//! [version: u8 = 1][mod_rev: u64][lease: u64, 0 = none][value bytes ...]
+//! [version: u8 = 2][mod_rev: u64][create_rev: u64][version: u64][lease: u64, 0 = none][value ...]
 //! ```
+//!
+//! Version 1 had no `create_rev` and no `version`: `[1][mod_rev][lease][value ...]`. It is read
+//! as created at its `mod_rev` with version 1 (the history before it is not known), and
+//! rewritten in version 2 when next put.
 //!
 //! Migration rules (STYLE #12):
 //! - The first byte is the record version. A reader decodes every version it knows; writers
@@ -19,69 +23,92 @@
 use super::{LeaseId, Rev, StoreError};
 
 /// The version this binary writes.
-pub(crate) const RECORD_VERSION: u8 = 1;
+pub(crate) const RECORD_VERSION: u8 = 2;
 
 /// Bytes before the value in a version 1 record.
 const V1_HEADER_BYTES: usize = 1 + 8 + 8;
+/// Bytes before the value in a version 2 record.
+const V2_HEADER_BYTES: usize = 1 + 8 + 8 + 8 + 8;
+
+/// A record's metadata: what etcd keeps beside a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub mod_rev: Rev,
+    pub create_rev: Rev,
+    pub version: u64,
+    pub lease: Option<LeaseId>,
+}
 
 /// One decoded record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Record {
-    pub mod_rev: Rev,
-    pub lease: Option<LeaseId>,
+    pub header: Header,
     pub value: Vec<u8>,
 }
 
 /// Encodes a record in the current version.
-pub(crate) fn encode(mod_rev: Rev, lease: Option<LeaseId>, value: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(V1_HEADER_BYTES + value.len());
+pub(crate) fn encode(h: &Header, value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(V2_HEADER_BYTES + value.len());
     out.push(RECORD_VERSION);
-    out.extend_from_slice(&mod_rev.to_le_bytes());
-    out.extend_from_slice(&lease.unwrap_or(0).to_le_bytes());
+    for word in [h.mod_rev, h.create_rev, h.version, h.lease.unwrap_or(0)] {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
     out.extend_from_slice(value);
     out
 }
 
 /// Decodes a record of any supported version. `key` only labels errors.
 pub(crate) fn decode(key: &str, bytes: &[u8]) -> Result<Record, StoreError> {
-    let (mod_rev, lease, value) = decode_parts(key, bytes)?;
+    let (header, value) = decode_parts(key, bytes)?;
     Ok(Record {
-        mod_rev,
-        lease,
+        header,
         value: value.to_vec(),
     })
 }
 
-/// Decodes only the header (revision and lease), without copying the value.
-pub(crate) fn decode_header(key: &str, bytes: &[u8]) -> Result<(Rev, Option<LeaseId>), StoreError> {
-    let (mod_rev, lease, _) = decode_parts(key, bytes)?;
-    Ok((mod_rev, lease))
+/// Decodes only the header, without copying the value.
+pub(crate) fn decode_header(key: &str, bytes: &[u8]) -> Result<Header, StoreError> {
+    decode_parts(key, bytes).map(|(h, _)| h)
 }
 
-fn decode_parts<'b>(
-    key: &str,
-    bytes: &'b [u8],
-) -> Result<(Rev, Option<LeaseId>, &'b [u8]), StoreError> {
+fn decode_parts<'b>(key: &str, bytes: &'b [u8]) -> Result<(Header, &'b [u8]), StoreError> {
     let corrupt = |message: String| StoreError::Corrupt {
         key: key.to_owned(),
         message,
     };
+    let need = |version: u8, header: usize| {
+        if bytes.len() < header {
+            Err(corrupt(format!(
+                "version {version} record of {} bytes is shorter than its {header}-byte header",
+                bytes.len()
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    let lease = |word: u64| (word != 0).then_some(word);
     match bytes.first() {
         None => Err(corrupt("empty record".to_owned())),
         Some(1) => {
-            if bytes.len() < V1_HEADER_BYTES {
-                return Err(corrupt(format!(
-                    "version 1 record of {} bytes is shorter than its {V1_HEADER_BYTES}-byte header",
-                    bytes.len()
-                )));
-            }
+            need(1, V1_HEADER_BYTES)?;
             let mod_rev = u64_at(bytes, 1);
-            let lease = u64_at(bytes, 9);
-            Ok((
+            let header = Header {
                 mod_rev,
-                (lease != 0).then_some(lease),
-                &bytes[V1_HEADER_BYTES..],
-            ))
+                create_rev: mod_rev,
+                version: 1,
+                lease: lease(u64_at(bytes, 9)),
+            };
+            Ok((header, &bytes[V1_HEADER_BYTES..]))
+        }
+        Some(2) => {
+            need(2, V2_HEADER_BYTES)?;
+            let header = Header {
+                mod_rev: u64_at(bytes, 1),
+                create_rev: u64_at(bytes, 9),
+                version: u64_at(bytes, 17),
+                lease: lease(u64_at(bytes, 25)),
+            };
+            Ok((header, &bytes[V2_HEADER_BYTES..]))
         }
         Some(version) => Err(corrupt(format!(
             "record version {version} is not supported by this binary (newest known: {RECORD_VERSION})"
@@ -102,24 +129,55 @@ mod tests {
 
     #[test]
     fn round_trips_with_and_without_lease() {
-        let bytes = encode(42, Some(7), b"hello");
+        let h = Header {
+            mod_rev: 42,
+            create_rev: 40,
+            version: 3,
+            lease: Some(7),
+        };
+        let bytes = encode(&h, b"hello");
         assert_eq!(bytes[0], RECORD_VERSION);
         assert_eq!(
             decode("k", &bytes).unwrap(),
             Record {
-                mod_rev: 42,
-                lease: Some(7),
+                header: h,
                 value: b"hello".to_vec()
             }
         );
-        let bytes = encode(1, None, b"");
-        assert_eq!(decode_header("k", &bytes).unwrap(), (1, None));
+        let h = Header { lease: None, ..h };
+        let bytes = encode(&h, b"");
+        assert_eq!(decode_header("k", &bytes).unwrap(), h);
         assert_eq!(decode("k", &bytes).unwrap().value, Vec::<u8>::new());
     }
 
     #[test]
+    fn a_version_1_record_reads_as_created_at_its_revision() {
+        let mut v1 = vec![1u8];
+        v1.extend_from_slice(&9u64.to_le_bytes());
+        v1.extend_from_slice(&5u64.to_le_bytes());
+        v1.extend_from_slice(b"old");
+        let r = decode("k", &v1).unwrap();
+        assert_eq!(
+            r.header,
+            Header {
+                mod_rev: 9,
+                create_rev: 9,
+                version: 1,
+                lease: Some(5)
+            }
+        );
+        assert_eq!(r.value, b"old");
+    }
+
+    #[test]
     fn rejects_unknown_version_and_truncation() {
-        let mut bytes = encode(3, None, b"x");
+        let h = Header {
+            mod_rev: 3,
+            create_rev: 3,
+            version: 1,
+            lease: None,
+        };
+        let mut bytes = encode(&h, b"x");
         bytes[0] = 9;
         let err = decode("k", &bytes).unwrap_err();
         assert!(
@@ -128,6 +186,10 @@ mod tests {
         assert!(matches!(decode("k", &[]), Err(StoreError::Corrupt { .. })));
         assert!(matches!(
             decode("k", &[1, 2, 3]),
+            Err(StoreError::Corrupt { .. })
+        ));
+        assert!(matches!(
+            decode("k", &[2; 20]),
             Err(StoreError::Corrupt { .. })
         ));
     }

@@ -40,9 +40,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::record;
-use super::{
-    BoxFuture, Compare, KeyValue, LeaseId, Op, Rev, Store, StoreError, Txn, TxnResult, WatchEvent,
-};
+use super::{BoxFuture, KeyValue, LeaseId, Op, Rev, Store, StoreError, Txn, TxnResult, WatchEvent};
 
 /// redb's page cache. Its default (1 GiB) would let the cache alone pass
 /// the hub's 300 MB memory budget; recent records are what the hub reads
@@ -324,15 +322,10 @@ impl RedbStore {
         now: Instant,
     ) -> Result<Option<KeyValue>, StoreError> {
         let rec = record::decode(key, bytes)?;
-        if !self.shared.lease_live(rec.lease, now) {
+        if !self.shared.lease_live(rec.header.lease, now) {
             return Ok(None);
         }
-        Ok(Some(KeyValue {
-            key: key.to_owned(),
-            value: rec.value,
-            mod_rev: rec.mod_rev,
-            lease: rec.lease,
-        }))
+        Ok(Some(kv_of(key, rec)))
     }
 }
 
@@ -438,6 +431,17 @@ fn lease_index_prefix(id: LeaseId) -> String {
     format!("{id:016x}/")
 }
 
+fn kv_of(key: &str, rec: record::Record) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: rec.value,
+        mod_rev: rec.header.mod_rev,
+        create_rev: rec.header.create_rev,
+        version: rec.header.version,
+        lease: rec.header.lease,
+    }
+}
+
 fn lease_index_key(id: LeaseId, key: &str) -> String {
     format!("{id:016x}/{key}")
 }
@@ -446,7 +450,7 @@ fn lease_index_key(id: LeaseId, key: &str) -> String {
 /// caller is overwriting or deleting it anyway, and `end_lease` re-checks before deleting.
 fn stored_lease(key: &str, bytes: &[u8]) -> Option<LeaseId> {
     match record::decode_header(key, bytes) {
-        Ok((_, lease)) => lease,
+        Ok(h) => h.lease,
         Err(e) => {
             tracing::warn!(error = %e, "replacing an undecodable record");
             None
@@ -731,18 +735,13 @@ impl Writer {
         let mut succeeded = true;
         for (key, compare) in &txn.compares {
             let current = match tables.kv.get(key.as_str()).ctx("reading a compared key")? {
-                Some(bytes) => match record::decode_header(key, bytes.value()) {
-                    Ok((mod_rev, _)) => Some(mod_rev),
+                Some(bytes) => match record::decode(key, bytes.value()) {
+                    Ok(rec) => Some(kv_of(key, rec)),
                     Err(e) => return Ok(Err(e)),
                 },
                 None => None,
             };
-            let holds = match (compare, current) {
-                (Compare::Absent, None) | (Compare::Present, Some(_)) => true,
-                (Compare::ModRev(want), Some(have)) => *want == have,
-                _ => false,
-            };
-            if !holds {
+            if !compare.holds(current.as_ref()) {
                 succeeded = false;
                 break;
             }
@@ -765,7 +764,23 @@ impl Writer {
         for op in ops {
             match op {
                 Op::Put { key, value, lease } => {
-                    let bytes = record::encode(rev, lease, &value);
+                    // etcd's metadata: the creation revision stays, the
+                    // version counts puts since the key was last absent.
+                    let (create_rev, version) =
+                        match tables.kv.get(key.as_str()).ctx("reading a key")? {
+                            Some(old) => match record::decode_header(&key, old.value()) {
+                                Ok(h) => (h.create_rev, h.version + 1),
+                                Err(_) => (rev, 1),
+                            },
+                            None => (rev, 1),
+                        };
+                    let header = record::Header {
+                        mod_rev: rev,
+                        create_rev,
+                        version,
+                        lease,
+                    };
+                    let bytes = record::encode(&header, &value);
                     let old_lease = tables
                         .kv
                         .insert(key.as_str(), bytes.as_slice())
@@ -789,6 +804,8 @@ impl Writer {
                         key,
                         value,
                         mod_rev: rev,
+                        create_rev,
+                        version,
                         lease,
                     }));
                     changed = true;
@@ -920,8 +937,10 @@ async fn reap_loop(store: Weak<RedbStore>, wake: Arc<Notify>) {
     }
 }
 
-impl Store for RedbStore {
-    fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+/// Reads: redb answers from its committed state at once, so the trait's
+/// futures are ready when made.
+impl RedbStore {
+    fn get_now(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         let read = self.shared.db.begin_read().ctx("beginning a read")?;
         let table = read.open_table(KV).ctx("opening the kv table")?;
         let Some(bytes) = table.get(key).ctx("reading a key")? else {
@@ -930,12 +949,118 @@ impl Store for RedbStore {
         self.decode_kv(key, bytes.value(), Instant::now())
     }
 
-    fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
-        self.range_page(prefix, None, usize::MAX)
+    fn range_page_now(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<KeyValue>, StoreError> {
+        let read = self.shared.db.begin_read().ctx("beginning a read")?;
+        let table = read.open_table(KV).ctx("opening the kv table")?;
+        let now = Instant::now();
+        let start = match after {
+            Some(a) if a >= prefix => std::ops::Bound::Excluded(a),
+            _ => std::ops::Bound::Included(prefix),
+        };
+        let mut out = Vec::new();
+        let range = table
+            .range::<&str>((start, std::ops::Bound::Unbounded))
+            .ctx("ranging over keys")?;
+        for entry in range {
+            if out.len() >= limit {
+                break;
+            }
+            let (key, bytes) = entry.ctx("reading a key in a range")?;
+            let key = key.value();
+            if !key.starts_with(prefix) {
+                break;
+            }
+            if let Some(kv) = self.decode_kv(key, bytes.value(), now)? {
+                out.push(kv);
+            }
+        }
+        Ok(out)
     }
 
-    fn rev(&self) -> Rev {
-        self.shared.rev.load(Ordering::Acquire)
+    fn range_tail_now(&self, prefix: &str, limit: usize) -> Result<Vec<KeyValue>, StoreError> {
+        let read = self.shared.db.begin_read().ctx("beginning a read")?;
+        let table = read.open_table(KV).ctx("opening the kv table")?;
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let range = table.range::<&str>(prefix..).ctx("ranging over keys")?;
+        // Keys after the prefix's range sort after every key in it; walk
+        // back from the end past them, then take the last `limit`.
+        for entry in range.rev() {
+            if out.len() >= limit {
+                break;
+            }
+            let (key, bytes) = entry.ctx("reading a key in a range")?;
+            let key = key.value();
+            if !key.starts_with(prefix) {
+                if out.is_empty() {
+                    continue;
+                }
+                break;
+            }
+            if let Some(kv) = self.decode_kv(key, bytes.value(), now)? {
+                out.push(kv);
+            }
+        }
+        out.reverse();
+        Ok(out)
+    }
+
+    fn watch_now(&self, prefix: &str) -> Result<mpsc::Receiver<WatchEvent>, StoreError> {
+        if self.requests.is_none() {
+            return Err(StoreError::Closed);
+        }
+        let mut watchers = lock(&self.shared.watchers);
+        watchers.retain(|w| !w.events.is_closed());
+        if watchers.len() >= MAX_WATCHERS {
+            return Err(StoreError::TooManyWatchers(MAX_WATCHERS));
+        }
+        let (events, receiver) = mpsc::channel(WATCH_CHANNEL_CAPACITY);
+        watchers.push(Watcher {
+            prefix: prefix.to_owned(),
+            events,
+        });
+        Ok(receiver)
+    }
+}
+
+impl Store for RedbStore {
+    fn get(&self, key: &str) -> BoxFuture<'_, Result<Option<KeyValue>, StoreError>> {
+        Box::pin(std::future::ready(self.get_now(key)))
+    }
+
+    fn range_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<KeyValue>, StoreError>> {
+        Box::pin(std::future::ready(
+            self.range_page_now(prefix, after, limit),
+        ))
+    }
+
+    fn range_tail(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<KeyValue>, StoreError>> {
+        Box::pin(std::future::ready(self.range_tail_now(prefix, limit)))
+    }
+
+    fn rev(&self) -> BoxFuture<'_, Result<Rev, StoreError>> {
+        Box::pin(std::future::ready(Ok(self
+            .shared
+            .rev
+            .load(Ordering::Acquire))))
+    }
+
+    fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<mpsc::Receiver<WatchEvent>, StoreError>> {
+        Box::pin(std::future::ready(self.watch_now(prefix)))
     }
 
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, StoreError>> {
@@ -997,84 +1122,6 @@ impl Store for RedbStore {
                 _ => Err(unexpected_reply()),
             }
         })
-    }
-
-    fn range_page(
-        &self,
-        prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<KeyValue>, StoreError> {
-        let read = self.shared.db.begin_read().ctx("beginning a read")?;
-        let table = read.open_table(KV).ctx("opening the kv table")?;
-        let now = Instant::now();
-        let start = match after {
-            Some(a) if a >= prefix => std::ops::Bound::Excluded(a),
-            _ => std::ops::Bound::Included(prefix),
-        };
-        let mut out = Vec::new();
-        let range = table
-            .range::<&str>((start, std::ops::Bound::Unbounded))
-            .ctx("ranging over keys")?;
-        for entry in range {
-            if out.len() >= limit {
-                break;
-            }
-            let (key, bytes) = entry.ctx("reading a key in a range")?;
-            let key = key.value();
-            if !key.starts_with(prefix) {
-                break;
-            }
-            if let Some(kv) = self.decode_kv(key, bytes.value(), now)? {
-                out.push(kv);
-            }
-        }
-        Ok(out)
-    }
-
-    fn range_tail(&self, prefix: &str, limit: usize) -> Result<Vec<KeyValue>, StoreError> {
-        let read = self.shared.db.begin_read().ctx("beginning a read")?;
-        let table = read.open_table(KV).ctx("opening the kv table")?;
-        let now = Instant::now();
-        let mut out = Vec::new();
-        let range = table.range::<&str>(prefix..).ctx("ranging over keys")?;
-        // Keys after the prefix's range sort after every key in it; walk
-        // back from the end past them, then take the last `limit`.
-        for entry in range.rev() {
-            if out.len() >= limit {
-                break;
-            }
-            let (key, bytes) = entry.ctx("reading a key in a range")?;
-            let key = key.value();
-            if !key.starts_with(prefix) {
-                if out.is_empty() {
-                    continue;
-                }
-                break;
-            }
-            if let Some(kv) = self.decode_kv(key, bytes.value(), now)? {
-                out.push(kv);
-            }
-        }
-        out.reverse();
-        Ok(out)
-    }
-
-    fn watch(&self, prefix: &str) -> Result<mpsc::Receiver<WatchEvent>, StoreError> {
-        if self.requests.is_none() {
-            return Err(StoreError::Closed);
-        }
-        let mut watchers = lock(&self.shared.watchers);
-        watchers.retain(|w| !w.events.is_closed());
-        if watchers.len() >= MAX_WATCHERS {
-            return Err(StoreError::TooManyWatchers(MAX_WATCHERS));
-        }
-        let (events, receiver) = mpsc::channel(WATCH_CHANNEL_CAPACITY);
-        watchers.push(Watcher {
-            prefix: prefix.to_owned(),
-            events,
-        });
-        Ok(receiver)
     }
 
     fn lease_grant(&self, ttl_ms: u64) -> BoxFuture<'_, Result<LeaseId, StoreError>> {

@@ -70,3 +70,75 @@ pub async fn start_hub(o: Options) -> TestHub {
         data,
     }
 }
+
+/// A single-member etcd on loopback (free ports, a temporary data dir),
+/// started from Debian's `etcd-server` (which `scripts/test.sh` installs);
+/// killed when dropped.
+pub struct Etcd {
+    pub endpoint: String,
+    child: std::process::Child,
+    _data: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+impl Etcd {
+    pub async fn start() -> Etcd {
+        let data = tempfile::tempdir().expect("tempdir");
+        let (client, peer) = (free_port(), free_port());
+        let client_url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let log = std::fs::File::create(data.path().join("etcd.log")).expect("etcd log");
+        let child = std::process::Command::new("etcd")
+            .args(["--name", "n1", "--data-dir"])
+            .arg(data.path().join("member"))
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("n1={peer_url}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd (Debian etcd-server; scripts/test.sh installs it)");
+        let etcd = Etcd {
+            endpoint: client_url,
+            child,
+            _data: data,
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let o = axle_hub::store::EtcdOptions::new(vec![etcd.endpoint.clone()]);
+            if axle_hub::store::EtcdStore::connect(o).await.is_ok() {
+                return etcd;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "etcd at {} did not answer within 20 s",
+                etcd.endpoint
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A store on this etcd, under `prefix`.
+    pub async fn store(&self, prefix: &str) -> axle_hub::store::EtcdStore {
+        let mut o = axle_hub::store::EtcdOptions::new(vec![self.endpoint.clone()]);
+        o.prefix = prefix.to_string();
+        axle_hub::store::EtcdStore::connect(o)
+            .await
+            .expect("connect to etcd")
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,516 @@
+//! `EtcdStore`: the [`Store`] contract on an etcd v3 cluster (etcd-client over tonic, TLS by
+//! rustls), for hubs whose state must outlive one machine.
+//!
+//! # Keys
+//! Every key is stored under [`EtcdOptions::prefix`] (default `/axle/`), so several Axle
+//! installations, or tests, can share one etcd cluster; the prefix never appears in what the
+//! store returns.
+//!
+//! # Semantics, as the contract says
+//! - Revisions, `create_rev`, `version` and leases are etcd's own.
+//! - [`Compare`] maps to etcd compares: `Absent` is `version == 0`, `Present` is `version > 0`,
+//!   `ModRev`, `Version` and `Value` compare the same field (etcd fails a value compare on an
+//!   absent key, as the contract does).
+//! - A watch is created (etcd confirmed it) before [`Store::watch`] returns, so a change
+//!   committed after the call is always delivered. A watcher that falls
+//!   [`WATCH_CHANNEL_CAPACITY`] events behind is dropped, as with the embedded store.
+//! - Lease TTLs are whole seconds in etcd: a TTL in ms is rounded up.
+//!
+//! # Batches larger than one etcd txn
+//! etcd refuses a txn with more than `--max-txn-ops` operations (128 by default, our
+//! [`MAX_OPS_PER_TXN`]). [`Store::txn_atomic`] folds the batch to the last write of each key
+//! (etcd also refuses two writes of one key in one txn) and commits it as one etcd txn when it
+//! fits. A batch that does not fit is refused (nothing written) with an error naming the limit.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, CompareOp, ConnectOptions, EventType, GetOptions, Identity, PutOptions,
+    SortOrder, SortTarget, TlsOptions, TxnOp, WatchOptions,
+};
+use tokio::sync::mpsc;
+
+use super::{
+    BoxFuture, Compare, KeyValue, LeaseId, MAX_LEASE_TTL_MS, MAX_OPS_PER_TXN, Op, Rev, Store,
+    StoreError, Txn, TxnResult, WATCH_CHANNEL_CAPACITY, WatchEvent,
+};
+
+/// Time to connect to an etcd member: members are in the same region as the hub; beyond a few
+/// seconds the member is down and the client tries the next endpoint.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest wait for one etcd call: a healthy cluster answers in milliseconds and a leader
+/// election takes about a second; past 10 s the hub reports the store unavailable.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// HTTP/2 keep-alive to the members, so a partitioned connection is noticed and replaced
+/// (tonic does not notice by itself).
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How to reach the etcd cluster.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// Client URLs of the members, e.g. `http://10.0.0.1:2379`.
+    pub endpoints: Vec<String>,
+    /// Every key is kept under this prefix.
+    pub prefix: String,
+    /// PEM of the CA that signed the members' certificates (TLS when set).
+    pub ca_pem: Option<Vec<u8>>,
+    /// PEM certificate and key this hub presents to etcd (client certificate auth).
+    pub client_cert_pem: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl EtcdOptions {
+    /// Plain connections to `endpoints` under the default prefix `/axle/`.
+    pub fn new(endpoints: Vec<String>) -> EtcdOptions {
+        EtcdOptions {
+            endpoints,
+            prefix: "/axle/".to_string(),
+            ca_pem: None,
+            client_cert_pem: None,
+        }
+    }
+}
+
+/// See the module documentation.
+pub struct EtcdStore {
+    client: Client,
+    prefix: String,
+}
+
+fn io(context: &'static str) -> impl Fn(etcd_client::Error) -> StoreError {
+    move |e| StoreError::Io {
+        context,
+        message: e.to_string(),
+    }
+}
+
+/// The first key after every key starting with `prefix` (etcd's range end for a prefix).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte was 0xff: the range runs to the end of the key space.
+    vec![0]
+}
+
+impl EtcdStore {
+    /// Connects to the cluster (one member answering is enough).
+    pub async fn connect(o: EtcdOptions) -> Result<EtcdStore, StoreError> {
+        if o.endpoints.is_empty() {
+            return Err(StoreError::InvalidRequest(
+                "no etcd endpoints given".to_string(),
+            ));
+        }
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT)
+            .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT)
+            .with_keep_alive_while_idle(true)
+            .with_require_leader(true);
+        if o.ca_pem.is_some() || o.client_cert_pem.is_some() {
+            let mut tls = TlsOptions::new();
+            if let Some(ca) = &o.ca_pem {
+                tls = tls.ca_certificate(Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = &o.client_cert_pem {
+                tls = tls.identity(Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(tls);
+        }
+        let client = Client::connect(&o.endpoints, Some(options))
+            .await
+            .map_err(io("connecting to etcd"))?;
+        let store = EtcdStore {
+            client,
+            prefix: o.prefix,
+        };
+        // A first call, so a cluster that is not there fails here, not at the first write.
+        store.current_rev().await?;
+        Ok(store)
+    }
+
+    fn full(&self, key: &str) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.prefix.len() + key.len());
+        k.extend_from_slice(self.prefix.as_bytes());
+        k.extend_from_slice(key.as_bytes());
+        k
+    }
+
+    fn kv_of(&self, kv: &etcd_client::KeyValue) -> Result<KeyValue, StoreError> {
+        let key = kv
+            .key()
+            .strip_prefix(self.prefix.as_bytes())
+            .and_then(|k| std::str::from_utf8(k).ok())
+            .ok_or_else(|| StoreError::Corrupt {
+                key: String::from_utf8_lossy(kv.key()).into_owned(),
+                message: "a key outside Axle's prefix, or not UTF-8".to_string(),
+            })?;
+        Ok(KeyValue {
+            key: key.to_string(),
+            value: kv.value().to_vec(),
+            mod_rev: kv.mod_revision() as Rev,
+            create_rev: kv.create_revision() as Rev,
+            version: kv.version() as u64,
+            lease: (kv.lease() != 0).then_some(kv.lease() as LeaseId),
+        })
+    }
+
+    async fn current_rev(&self) -> Result<Rev, StoreError> {
+        let resp = self
+            .client
+            .clone()
+            .get(self.full(""), Some(GetOptions::new().with_count_only()))
+            .await
+            .map_err(io("reading the revision"))?;
+        Ok(resp.header().map_or(0, |h| h.revision()) as Rev)
+    }
+
+    async fn range_opts(
+        &self,
+        start: Vec<u8>,
+        end: Vec<u8>,
+        limit: usize,
+        order: SortOrder,
+    ) -> Result<Vec<KeyValue>, StoreError> {
+        let mut opts = GetOptions::new()
+            .with_range(end)
+            .with_sort(SortTarget::Key, order);
+        if limit != usize::MAX {
+            opts = opts.with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        }
+        let resp = self
+            .client
+            .clone()
+            .get(start, Some(opts))
+            .await
+            .map_err(io("ranging over keys"))?;
+        resp.kvs().iter().map(|kv| self.kv_of(kv)).collect()
+    }
+
+    fn etcd_txn(&self, txn: &Txn) -> etcd_client::Txn {
+        // etcd compares an absent key as one with zero revisions and version, so
+        // `ModRev(0)` or `Version(0)` would hold on it; the contract wants the key
+        // present for every compare but `Absent`, hence the extra `version > 0`.
+        let mut compares: Vec<etcd_client::Compare> = Vec::new();
+        for (key, c) in &txn.compares {
+            let k = self.full(key);
+            let present = || etcd_client::Compare::version(k.clone(), CompareOp::Greater, 0);
+            match c {
+                Compare::Absent => {
+                    compares.push(etcd_client::Compare::version(k, CompareOp::Equal, 0));
+                }
+                Compare::Present => compares.push(present()),
+                Compare::ModRev(r) => {
+                    compares.push(present());
+                    compares.push(etcd_client::Compare::mod_revision(
+                        k,
+                        CompareOp::Equal,
+                        *r as i64,
+                    ));
+                }
+                Compare::Version(v) => {
+                    compares.push(present());
+                    compares.push(etcd_client::Compare::version(
+                        k,
+                        CompareOp::Equal,
+                        *v as i64,
+                    ));
+                }
+                Compare::Value(v) => {
+                    compares.push(etcd_client::Compare::value(k, CompareOp::Equal, v.clone()));
+                }
+            }
+        }
+        let ops = |ops: &[Op]| -> Vec<TxnOp> { ops.iter().map(|op| self.etcd_op(op)).collect() };
+        etcd_client::Txn::new()
+            .when(compares)
+            .and_then(ops(&txn.success))
+            .or_else(ops(&txn.failure))
+    }
+
+    fn etcd_op(&self, op: &Op) -> TxnOp {
+        match op {
+            Op::Put { key, value, lease } => TxnOp::put(
+                self.full(key),
+                value.clone(),
+                lease.map(|l| PutOptions::new().with_lease(l as i64)),
+            ),
+            Op::Delete { key } => TxnOp::delete(self.full(key), None),
+        }
+    }
+
+    async fn run_txn(&self, txn: Txn) -> Result<TxnResult, StoreError> {
+        txn.validate()?;
+        let t = self.etcd_txn(&txn);
+        let resp = self
+            .client
+            .clone()
+            .txn(t)
+            .await
+            .map_err(|e| txn_error(&txn, e))?;
+        Ok(TxnResult {
+            succeeded: resp.succeeded(),
+            rev: resp.header().map_or(0, |h| h.revision()) as Rev,
+        })
+    }
+}
+
+/// A txn refused for a lease names the lease; anything else is the backend's failure.
+fn txn_error(txn: &Txn, e: etcd_client::Error) -> StoreError {
+    let text = e.to_string();
+    if text.contains("requested lease not found") {
+        let lease = txn
+            .success
+            .iter()
+            .chain(&txn.failure)
+            .find_map(|op| match op {
+                Op::Put { lease, .. } => *lease,
+                Op::Delete { .. } => None,
+            })
+            .unwrap_or(0);
+        return StoreError::LeaseNotFound(lease);
+    }
+    StoreError::Io {
+        context: "committing a txn",
+        message: text,
+    }
+}
+
+impl Store for EtcdStore {
+    fn get(&self, key: &str) -> BoxFuture<'_, Result<Option<KeyValue>, StoreError>> {
+        let k = self.full(key);
+        Box::pin(async move {
+            let resp = self
+                .client
+                .clone()
+                .get(k, None)
+                .await
+                .map_err(io("reading a key"))?;
+            resp.kvs().first().map(|kv| self.kv_of(kv)).transpose()
+        })
+    }
+
+    fn range_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<KeyValue>, StoreError>> {
+        let p = self.full(prefix);
+        let end = prefix_end(&p);
+        let start = match after {
+            Some(a) if a >= prefix => {
+                let mut s = self.full(a);
+                s.push(0);
+                s
+            }
+            _ => p,
+        };
+        Box::pin(async move {
+            if limit == 0 {
+                return Ok(Vec::new());
+            }
+            self.range_opts(start, end, limit, SortOrder::Ascend).await
+        })
+    }
+
+    fn range_tail(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<KeyValue>, StoreError>> {
+        let p = self.full(prefix);
+        let end = prefix_end(&p);
+        Box::pin(async move {
+            if limit == 0 {
+                return Ok(Vec::new());
+            }
+            let mut out = self.range_opts(p, end, limit, SortOrder::Descend).await?;
+            out.reverse();
+            Ok(out)
+        })
+    }
+
+    fn rev(&self) -> BoxFuture<'_, Result<Rev, StoreError>> {
+        Box::pin(self.current_rev())
+    }
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, StoreError>> {
+        Box::pin(self.run_txn(txn))
+    }
+
+    fn txn_many(&self, txns: Vec<Txn>) -> BoxFuture<'_, Vec<Result<TxnResult, StoreError>>> {
+        Box::pin(async move {
+            // In order, one after the other: each txn's compares see the ones before it.
+            let mut out = Vec::with_capacity(txns.len());
+            for txn in txns {
+                out.push(self.run_txn(txn).await);
+            }
+            out
+        })
+    }
+
+    fn txn_atomic(&self, txns: Vec<Txn>) -> BoxFuture<'_, Result<Vec<TxnResult>, StoreError>> {
+        Box::pin(async move {
+            for txn in &txns {
+                txn.validate()?;
+                if !txn.compares.is_empty() || !txn.failure.is_empty() {
+                    return Err(StoreError::InvalidRequest(
+                        "an atomic batch on etcd takes unconditional txns only".to_string(),
+                    ));
+                }
+            }
+            // Only the last write of each key counts for the batch's end state.
+            let mut last: BTreeMap<&str, &Op> = BTreeMap::new();
+            for op in txns.iter().flat_map(|t| &t.success) {
+                last.insert(op.key(), op);
+            }
+            if last.len() > MAX_OPS_PER_TXN {
+                return Err(StoreError::InvalidRequest(format!(
+                    "an atomic batch writes {} keys; etcd commits at most {MAX_OPS_PER_TXN} in one txn",
+                    last.len()
+                )));
+            }
+            let one = Txn {
+                compares: Vec::new(),
+                success: last.into_values().cloned().collect(),
+                failure: Vec::new(),
+            };
+            let result = self.run_txn(one).await?;
+            Ok(vec![result; txns.len()])
+        })
+    }
+
+    fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<mpsc::Receiver<WatchEvent>, StoreError>> {
+        let p = self.full(prefix);
+        Box::pin(async move {
+            let end = prefix_end(&p);
+            let mut stream = self
+                .client
+                .clone()
+                .watch(p, Some(WatchOptions::new().with_range(end)))
+                .await
+                .map_err(io("creating a watch"))?;
+            // The first answer confirms the watch: from here on no commit is missed.
+            match stream.message().await.map_err(io("creating a watch"))? {
+                Some(r) if r.created() => {}
+                _ => {
+                    return Err(StoreError::Io {
+                        context: "creating a watch",
+                        message: "etcd did not confirm the watch".to_string(),
+                    });
+                }
+            }
+            let (tx, rx) = mpsc::channel(WATCH_CHANNEL_CAPACITY);
+            let prefix = self.prefix.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(resp)) = stream.message().await {
+                    if resp.canceled() {
+                        break;
+                    }
+                    for e in resp.events() {
+                        let Some(kv) = e.kv() else { continue };
+                        let Some(key) = kv
+                            .key()
+                            .strip_prefix(prefix.as_bytes())
+                            .and_then(|k| std::str::from_utf8(k).ok())
+                        else {
+                            continue;
+                        };
+                        let event = match e.event_type() {
+                            EventType::Put => WatchEvent::Put(KeyValue {
+                                key: key.to_string(),
+                                value: kv.value().to_vec(),
+                                mod_rev: kv.mod_revision() as Rev,
+                                create_rev: kv.create_revision() as Rev,
+                                version: kv.version() as u64,
+                                lease: (kv.lease() != 0).then_some(kv.lease() as LeaseId),
+                            }),
+                            EventType::Delete => WatchEvent::Delete {
+                                key: key.to_string(),
+                                rev: kv.mod_revision() as Rev,
+                            },
+                        };
+                        // Full: the watcher fell behind and is dropped (it re-lists).
+                        if tx.try_send(event).is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+            Ok(rx)
+        })
+    }
+
+    fn lease_grant(&self, ttl_ms: u64) -> BoxFuture<'_, Result<LeaseId, StoreError>> {
+        Box::pin(async move {
+            if ttl_ms == 0 || ttl_ms > MAX_LEASE_TTL_MS {
+                return Err(StoreError::InvalidRequest(format!(
+                    "lease TTL {ttl_ms} ms is outside 1..={MAX_LEASE_TTL_MS} ms"
+                )));
+            }
+            let ttl_s = ttl_ms.div_ceil(1000) as i64;
+            let resp = self
+                .client
+                .clone()
+                .lease_grant(ttl_s, None)
+                .await
+                .map_err(io("granting a lease"))?;
+            Ok(resp.id() as LeaseId)
+        })
+    }
+
+    fn lease_keepalive(&self, id: LeaseId) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let not_found = |e: etcd_client::Error| match e {
+                // etcd-client reports an expired or unknown lease as a keep-alive error.
+                etcd_client::Error::LeaseKeepAliveError(m) if m.contains("lease not found") => {
+                    StoreError::LeaseNotFound(id)
+                }
+                e => io("keeping a lease alive")(e),
+            };
+            let (mut keeper, mut stream) = self
+                .client
+                .clone()
+                .lease_keep_alive(id as i64)
+                .await
+                .map_err(not_found)?;
+            keeper.keep_alive().await.map_err(not_found)?;
+            match stream.message().await.map_err(not_found)? {
+                Some(r) if r.ttl() > 0 => Ok(()),
+                _ => Err(StoreError::LeaseNotFound(id)),
+            }
+        })
+    }
+
+    fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            match self.client.clone().lease_revoke(id as i64).await {
+                Ok(_) => Ok(()),
+                Err(e) if e.to_string().contains("requested lease not found") => {
+                    Err(StoreError::LeaseNotFound(id))
+                }
+                Err(e) => Err(io("revoking a lease")(e)),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_ends_after_its_last_key() {
+        assert_eq!(prefix_end(b"/axle/"), b"/axle0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+    }
+}
