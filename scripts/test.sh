@@ -4,34 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the suite uses, each as "proof:package", the proof being a
-# command on PATH or an absolute path that the package installs.
-# kubectl renders deploy/'s kustomizations; machines that already have one
-# (with kustomize v5) keep it: Debian's package ships the same /usr/bin/kubectl.
-# etcd runs the store contract tests on a real etcd (hub/server/tests/
-# store_contract.rs); etcd-client's build runs protoc, which needs the
-# well-known .proto files of libprotobuf-dev.
-PACKAGES=(
-  "kubectl:kubernetes-client"
-  "etcd:etcd-server"
-  "protoc:protobuf-compiler"
-  "/usr/include/google/protobuf/descriptor.proto:libprotobuf-dev"
-)
-
-missing=()
-for pair in "${PACKAGES[@]}"; do
-  proof=${pair%%:*}
-  case $proof in
-    /*) [ -e "$proof" ] || missing+=("${pair#*:}") ;;
-    *) command -v "$proof" >/dev/null 2>&1 || missing+=("${pair#*:}") ;;
-  esac
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "== installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+# What the build and the suite need (Debian packages), installed if missing.
+scripts/prereqs.sh test
 
 echo "== kubectl kustomize deploy/"
 # Render every base and overlay; tests/e2e/deploy.rs then types each object
