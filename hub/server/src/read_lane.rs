@@ -18,7 +18,9 @@ pub const LIST_NICE: i32 = 10;
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// See the module documentation. Its threads end when it is dropped.
+/// See the module documentation. Its threads end when it is dropped. Its
+/// queue is bounded by its caller: `Hub::with_list_permit` holds one of
+/// `list_concurrency()` permits for each job it runs here.
 pub struct ReadLane {
     tx: Mutex<mpsc::Sender<Job>>,
 }

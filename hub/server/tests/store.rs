@@ -1,5 +1,7 @@
 //! Tests of the embedded store (`RedbStore`) beyond the shared contract (`store_contract.rs`): batches past the txn limit, durability across reopen and `kill -9`, group commit.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -7,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use axle_hub::store::{Compare, Op, RedbStore, Store, StoreError, Txn};
+use common::{put, put_plain, value_of};
 use tempfile::TempDir;
 
 /// Env var that turns the `crash_child` test into the child process of `kill9_loses_no_acked_write`.
@@ -27,27 +30,6 @@ fn temp_dir() -> TempDir {
 
 fn db_path(dir: &TempDir) -> PathBuf {
     dir.path().join("state.redb")
-}
-
-fn put(key: &str, value: &str) -> Op {
-    Op::put(key, value.as_bytes().to_vec())
-}
-
-async fn put_plain(store: &RedbStore, key: &str, value: &str) -> u64 {
-    let result = store
-        .txn(Txn::new().and_then(put(key, value)))
-        .await
-        .unwrap();
-    assert!(result.succeeded);
-    result.rev
-}
-
-async fn value_of(store: &dyn Store, key: &str) -> Option<String> {
-    store
-        .get(key)
-        .await
-        .unwrap()
-        .map(|kv| String::from_utf8(kv.value).unwrap())
 }
 
 #[tokio::test]
@@ -97,7 +79,7 @@ async fn reopen_keeps_keys_revisions_and_leases() {
         let store = RedbStore::open(&path).unwrap();
         for i in 0..100 {
             let key = format!("jobs/{i:03}");
-            let rev = put_plain(&store, &key, &format!("v{i}")).await;
+            let rev = put_plain(&*store, &key, &format!("v{i}")).await;
             expected.insert(key, rev);
         }
         store
@@ -123,7 +105,7 @@ async fn reopen_keeps_keys_revisions_and_leases() {
     assert_eq!(got, expected);
     assert_eq!(value_of(&*store, "jobs/007").await.as_deref(), Some("v7"));
     // The next write continues the revision sequence; lease ids are not reused.
-    assert_eq!(put_plain(&store, "after", "x").await, 103);
+    assert_eq!(put_plain(&*store, "after", "x").await, 103);
     assert!(store.lease_grant(1000).await.unwrap() > lease);
     // The lease survived the restart with a fresh TTL, and still expires.
     assert!(store.get("live/x").await.unwrap().is_some());
@@ -164,7 +146,7 @@ async fn group_commit_batches_concurrent_txns() {
 
     let started = Instant::now();
     for i in 0..SEQUENTIAL_TXNS {
-        put_plain(&store, &format!("seq/{i}"), "x").await;
+        put_plain(&*store, &format!("seq/{i}"), "x").await;
     }
     let sequential_per_s = SEQUENTIAL_TXNS as f64 / started.elapsed().as_secs_f64();
     let sequential_commits = store.commits();

@@ -13,6 +13,7 @@ use axle_hub::store::{
     Compare, KeyValue, MAX_KEY_BYTES, Op, RedbStore, Store, StoreError, Txn, WatchEvent, get_json,
     put_json, range_json,
 };
+use common::{put, put_plain, value_of};
 use serde::{Deserialize, Serialize};
 
 /// Longest wait for a watch event or a lease-driven deletion: etcd's
@@ -82,27 +83,6 @@ contract!(
     limits_reject_bad_requests_without_writing,
     json_helpers_round_trip,
 );
-
-fn put(key: &str, value: &str) -> Op {
-    Op::put(key, value.as_bytes().to_vec())
-}
-
-async fn put_plain(store: &dyn Store, key: &str, value: &str) -> u64 {
-    let result = store
-        .txn(Txn::new().and_then(put(key, value)))
-        .await
-        .unwrap();
-    assert!(result.succeeded);
-    result.rev
-}
-
-async fn value_of(store: &dyn Store, key: &str) -> Option<String> {
-    store
-        .get(key)
-        .await
-        .unwrap()
-        .map(|kv| String::from_utf8(kv.value).unwrap())
-}
 
 async fn keys(store: &dyn Store, prefix: &str) -> Vec<String> {
     store

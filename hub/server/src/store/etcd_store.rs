@@ -15,6 +15,7 @@
 //!   committed after the call is always delivered. A watcher that falls
 //!   [`WATCH_CHANNEL_CAPACITY`] events behind is dropped, as with the embedded store.
 //! - Lease TTLs are whole seconds in etcd: a TTL in ms is rounded up.
+//! - At most [`MAX_WATCHERS`] watches are open at once, as with the embedded store.
 //!
 //! # Batches larger than one etcd txn
 //! etcd refuses a txn with more than `--max-txn-ops` operations (128 by default, our
@@ -23,6 +24,8 @@
 //! fits. A batch that does not fit is refused (nothing written) with an error naming the limit.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
@@ -32,8 +35,8 @@ use etcd_client::{
 use tokio::sync::mpsc;
 
 use super::{
-    BoxFuture, Compare, KeyValue, LeaseId, MAX_LEASE_TTL_MS, MAX_OPS_PER_TXN, Op, Rev, Store,
-    StoreError, Txn, TxnResult, WATCH_CHANNEL_CAPACITY, WatchEvent,
+    BoxFuture, Compare, KeyValue, LeaseId, MAX_LEASE_TTL_MS, MAX_OPS_PER_TXN, MAX_WATCHERS, Op,
+    Rev, Store, StoreError, Txn, TxnResult, WATCH_CHANNEL_CAPACITY, WatchEvent,
 };
 
 /// Time to connect to an etcd member: members are in the same region as the hub; beyond a few
@@ -78,6 +81,8 @@ impl EtcdOptions {
 pub struct EtcdStore {
     client: Client,
     prefix: String,
+    /// Open watches (each a task and an etcd stream), at most [`MAX_WATCHERS`].
+    watchers: Arc<AtomicUsize>,
 }
 
 fn io(context: &'static str) -> impl Fn(etcd_client::Error) -> StoreError {
@@ -85,6 +90,29 @@ fn io(context: &'static str) -> impl Fn(etcd_client::Error) -> StoreError {
         context,
         message: e.to_string(),
     }
+}
+
+/// An etcd key-value as the contract's, its key without Axle's `prefix`.
+fn key_value(prefix: &str, kv: &etcd_client::KeyValue) -> Result<KeyValue, StoreError> {
+    Ok(KeyValue {
+        key: unprefixed(prefix, kv)?.to_string(),
+        value: kv.value().to_vec(),
+        mod_rev: kv.mod_revision() as Rev,
+        create_rev: kv.create_revision() as Rev,
+        version: kv.version() as u64,
+        lease: (kv.lease() != 0).then_some(kv.lease() as LeaseId),
+    })
+}
+
+/// The key of `kv` without Axle's `prefix`.
+fn unprefixed<'k>(prefix: &str, kv: &'k etcd_client::KeyValue) -> Result<&'k str, StoreError> {
+    kv.key()
+        .strip_prefix(prefix.as_bytes())
+        .and_then(|k| std::str::from_utf8(k).ok())
+        .ok_or_else(|| StoreError::Corrupt {
+            key: String::from_utf8_lossy(kv.key()).into_owned(),
+            message: "a key outside Axle's prefix, or not UTF-8".to_string(),
+        })
 }
 
 /// The first key after every key starting with `prefix` (etcd's range end for a prefix).
@@ -130,6 +158,7 @@ impl EtcdStore {
         let store = EtcdStore {
             client,
             prefix: o.prefix,
+            watchers: Arc::default(),
         };
         // A first call, so a cluster that is not there fails here, not at the first write.
         store.current_rev().await?;
@@ -144,22 +173,7 @@ impl EtcdStore {
     }
 
     fn kv_of(&self, kv: &etcd_client::KeyValue) -> Result<KeyValue, StoreError> {
-        let key = kv
-            .key()
-            .strip_prefix(self.prefix.as_bytes())
-            .and_then(|k| std::str::from_utf8(k).ok())
-            .ok_or_else(|| StoreError::Corrupt {
-                key: String::from_utf8_lossy(kv.key()).into_owned(),
-                message: "a key outside Axle's prefix, or not UTF-8".to_string(),
-            })?;
-        Ok(KeyValue {
-            key: key.to_string(),
-            value: kv.value().to_vec(),
-            mod_rev: kv.mod_revision() as Rev,
-            create_rev: kv.create_revision() as Rev,
-            version: kv.version() as u64,
-            lease: (kv.lease() != 0).then_some(kv.lease() as LeaseId),
-        })
+        key_value(&self.prefix, kv)
     }
 
     async fn current_rev(&self) -> Result<Rev, StoreError> {
@@ -259,6 +273,27 @@ impl EtcdStore {
             succeeded: resp.succeeded(),
             rev: resp.header().map_or(0, |h| h.revision()) as Rev,
         })
+    }
+}
+
+/// One of the [`MAX_WATCHERS`] open watches, given back when dropped.
+struct WatchSlot(Arc<AtomicUsize>);
+
+impl WatchSlot {
+    fn take(open: &Arc<AtomicUsize>) -> Result<WatchSlot, StoreError> {
+        let taken = open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < MAX_WATCHERS).then_some(n + 1)
+        });
+        match taken {
+            Ok(_) => Ok(WatchSlot(open.clone())),
+            Err(_) => Err(StoreError::TooManyWatchers(MAX_WATCHERS)),
+        }
+    }
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -391,6 +426,9 @@ impl Store for EtcdStore {
     fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<mpsc::Receiver<WatchEvent>, StoreError>> {
         let p = self.full(prefix);
         Box::pin(async move {
+            // Counted from here; the count drops when the watch's task ends
+            // (or if it is never started).
+            let slot = WatchSlot::take(&self.watchers)?;
             let end = prefix_end(&p);
             let mut stream = self
                 .client
@@ -411,31 +449,31 @@ impl Store for EtcdStore {
             let (tx, rx) = mpsc::channel(WATCH_CHANNEL_CAPACITY);
             let prefix = self.prefix.clone();
             tokio::spawn(async move {
-                while let Ok(Some(resp)) = stream.message().await {
+                let _slot = slot;
+                loop {
+                    // A watcher whose receiver is gone ends here, not at
+                    // the next event.
+                    let next = tokio::select! {
+                        next = stream.message() => next,
+                        () = tx.closed() => return,
+                    };
+                    let Ok(Some(resp)) = next else { break };
                     if resp.canceled() {
                         break;
                     }
                     for e in resp.events() {
                         let Some(kv) = e.kv() else { continue };
-                        let Some(key) = kv
-                            .key()
-                            .strip_prefix(prefix.as_bytes())
-                            .and_then(|k| std::str::from_utf8(k).ok())
-                        else {
-                            continue;
-                        };
                         let event = match e.event_type() {
-                            EventType::Put => WatchEvent::Put(KeyValue {
-                                key: key.to_string(),
-                                value: kv.value().to_vec(),
-                                mod_rev: kv.mod_revision() as Rev,
-                                create_rev: kv.create_revision() as Rev,
-                                version: kv.version() as u64,
-                                lease: (kv.lease() != 0).then_some(kv.lease() as LeaseId),
-                            }),
-                            EventType::Delete => WatchEvent::Delete {
-                                key: key.to_string(),
-                                rev: kv.mod_revision() as Rev,
+                            EventType::Put => match key_value(&prefix, kv) {
+                                Ok(kv) => WatchEvent::Put(kv),
+                                Err(_) => continue,
+                            },
+                            EventType::Delete => match unprefixed(&prefix, kv) {
+                                Ok(key) => WatchEvent::Delete {
+                                    key: key.to_string(),
+                                    rev: kv.mod_revision() as Rev,
+                                },
+                                Err(_) => continue,
                             },
                         };
                         // Full: the watcher fell behind and is dropped (it re-lists).
@@ -506,6 +544,21 @@ impl Store for EtcdStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn watches_are_bounded_and_given_back() {
+        let open = Arc::new(AtomicUsize::new(0));
+        let slots: Vec<WatchSlot> = (0..MAX_WATCHERS)
+            .map(|_| WatchSlot::take(&open).unwrap())
+            .collect();
+        assert!(matches!(
+            WatchSlot::take(&open),
+            Err(StoreError::TooManyWatchers(MAX_WATCHERS))
+        ));
+        drop(slots);
+        assert_eq!(open.load(Ordering::Acquire), 0);
+        assert!(WatchSlot::take(&open).is_ok());
+    }
 
     #[test]
     fn a_prefix_ends_after_its_last_key() {

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 
 use axle_hub::http_serve::HttpLimits;
 use axle_hub::server;
+use axle_hub::store::{Op, Store, Txn};
 use axle_policy::Policy;
 
 pub struct TestHub {
@@ -141,4 +142,28 @@ impl Drop for Etcd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A plain put of a UTF-8 value.
+pub fn put(key: &str, value: &str) -> Op {
+    Op::put(key, value.as_bytes().to_vec())
+}
+
+/// Puts `value` at `key` in a txn of its own; its revision.
+pub async fn put_plain(store: &dyn Store, key: &str, value: &str) -> u64 {
+    let result = store
+        .txn(Txn::new().and_then(put(key, value)))
+        .await
+        .unwrap();
+    assert!(result.succeeded);
+    result.rev
+}
+
+/// The value at `key` as UTF-8, if any.
+pub async fn value_of(store: &dyn Store, key: &str) -> Option<String> {
+    store
+        .get(key)
+        .await
+        .unwrap()
+        .map(|kv| String::from_utf8(kv.value).unwrap())
 }
