@@ -17,11 +17,24 @@
 //! - Lease TTLs are whole seconds in etcd: a TTL in ms is rounded up.
 //! - At most [`MAX_WATCHERS`] watches are open at once, as with the embedded store.
 //!
+//! # Fencing
+//! A hub replica that leads holds a fencing token: the revision of the leader key it created
+//! (see `crate::ha`). [`EtcdStore::fence`] makes every txn this store sends conditional on
+//! the key still having that revision, as an outer etcd txn around the caller's, so a deposed
+//! leader (paused, partitioned, slow) can never write: its txns fail with
+//! [`StoreError::Fenced`] and it steps down.
+//!
 //! # Batches larger than one etcd txn
 //! etcd refuses a txn with more than `--max-txn-ops` operations (128 by default, our
-//! [`MAX_OPS_PER_TXN`]). [`Store::txn_atomic`] folds the batch to the last write of each key
-//! (etcd also refuses two writes of one key in one txn) and commits it as one etcd txn when it
-//! fits. A batch that does not fit is refused (nothing written) with an error naming the limit.
+//! [`MAX_OPS_PER_TXN`](super::MAX_OPS_PER_TXN)) or more than `--max-request-bytes` (1.5 MiB). [`Store::txn_atomic`]
+//! folds the batch to the last write of each key (etcd also refuses two writes of one key in
+//! one txn) and commits it as one etcd txn when it fits. A batch that does not fit is committed
+//! through a durable intent (`etcd_batch.rs`): its ops are written as parts under
+//! `_batch/<id>/`, then a commit marker (the commit point), then the ops themselves in
+//! chunks, then the intent is deleted. A crash before the marker leaves parts that restore
+//! drops; a crash after it leaves a marker that restore replays
+//! ([`EtcdStore::recover_batches`], run by a new leader before it loads its state), so a
+//! batch is all there or not at all.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -35,8 +48,8 @@ use etcd_client::{
 use tokio::sync::mpsc;
 
 use super::{
-    BoxFuture, Compare, KeyValue, LeaseId, MAX_LEASE_TTL_MS, MAX_OPS_PER_TXN, MAX_WATCHERS, Op,
-    Rev, Store, StoreError, Txn, TxnResult, WATCH_CHANNEL_CAPACITY, WatchEvent,
+    BoxFuture, Compare, KeyValue, LeaseId, MAX_LEASE_TTL_MS, MAX_WATCHERS, Op, Rev, Store,
+    StoreError, Txn, TxnResult, WATCH_CHANNEL_CAPACITY, WatchEvent,
 };
 
 /// Time to connect to an etcd member: members are in the same region as the hub; beyond a few
@@ -79,10 +92,24 @@ impl EtcdOptions {
 
 /// See the module documentation.
 pub struct EtcdStore {
-    client: Client,
-    prefix: String,
+    pub(super) client: Client,
+    pub(super) prefix: String,
     /// Open watches (each a task and an etcd stream), at most [`MAX_WATCHERS`].
     watchers: Arc<AtomicUsize>,
+    /// The fencing token every txn is conditional on, while this hub leads.
+    fence: std::sync::RwLock<Option<Fence>>,
+    /// Atomic batches committed through an intent, for their ids.
+    pub(super) batches: std::sync::atomic::AtomicU64,
+    /// Test hook: the number of etcd writes an intent batch may still make before it acts as
+    /// if the hub crashed (see [`EtcdStore::crash_after_writes`]).
+    pub(super) crash_after: std::sync::Mutex<Option<usize>>,
+}
+
+/// A leader's fencing token: the full leader key and the revision it was created at.
+#[derive(Debug, Clone)]
+struct Fence {
+    key: Vec<u8>,
+    rev: Rev,
 }
 
 fn io(context: &'static str) -> impl Fn(etcd_client::Error) -> StoreError {
@@ -159,13 +186,48 @@ impl EtcdStore {
             client,
             prefix: o.prefix,
             watchers: Arc::default(),
+            fence: std::sync::RwLock::new(None),
+            batches: Default::default(),
+            crash_after: std::sync::Mutex::new(None),
         };
         // A first call, so a cluster that is not there fails here, not at the first write.
         store.current_rev().await?;
         Ok(store)
     }
 
-    fn full(&self, key: &str) -> Vec<u8> {
+    /// From now on every txn writes only while `key` was last written at `rev`: this hub's
+    /// fencing token as leader. Replaces any earlier token.
+    pub fn fence(&self, key: &str, rev: Rev) {
+        let fence = Fence {
+            key: self.full(key),
+            rev,
+        };
+        *self.fence.write().unwrap_or_else(|p| p.into_inner()) = Some(fence);
+    }
+
+    /// Txns are no longer conditional on a fencing token (the hub stepped down).
+    pub fn unfence(&self) {
+        *self.fence.write().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The fencing token's revision, if any.
+    pub fn fenced_at(&self) -> Option<Rev> {
+        self.fence
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|f| f.rev)
+    }
+
+    /// Test hook: an intent batch (one above one etcd txn) makes at most `writes` more etcd
+    /// writes, then fails as if the hub had died there; `None` turns it off. Tests use it to
+    /// show that a crash between a batch's parts loses nothing acknowledged.
+    #[doc(hidden)]
+    pub fn crash_after_writes(&self, writes: Option<usize>) {
+        *self.crash_after.lock().unwrap_or_else(|p| p.into_inner()) = writes;
+    }
+
+    pub(super) fn full(&self, key: &str) -> Vec<u8> {
         let mut k = Vec::with_capacity(self.prefix.len() + key.len());
         k.extend_from_slice(self.prefix.as_bytes());
         k.extend_from_slice(key.as_bytes());
@@ -260,17 +322,55 @@ impl EtcdStore {
         }
     }
 
-    async fn run_txn(&self, txn: Txn) -> Result<TxnResult, StoreError> {
+    pub(super) async fn run_txn(&self, txn: Txn) -> Result<TxnResult, StoreError> {
         txn.validate()?;
         let t = self.etcd_txn(&txn);
+        self.send_txn(t, &txn).await
+    }
+
+    /// Sends an etcd txn, inside the fence while there is one: the outer txn compares the
+    /// leader key's revision and runs the caller's txn nested in its success branch, so a
+    /// fenced-out hub changes nothing, not even a failure branch.
+    pub(super) async fn send_txn(
+        &self,
+        t: etcd_client::Txn,
+        txn: &Txn,
+    ) -> Result<TxnResult, StoreError> {
+        let fence = self.fence.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(fence) = fence else {
+            let resp = self
+                .client
+                .clone()
+                .txn(t)
+                .await
+                .map_err(|e| txn_error(txn, e))?;
+            return Ok(TxnResult {
+                succeeded: resp.succeeded(),
+                rev: resp.header().map_or(0, |h| h.revision()) as Rev,
+            });
+        };
+        let outer = etcd_client::Txn::new()
+            .when(vec![etcd_client::Compare::mod_revision(
+                fence.key,
+                CompareOp::Equal,
+                fence.rev as i64,
+            )])
+            .and_then(vec![TxnOp::txn(t)]);
         let resp = self
             .client
             .clone()
-            .txn(t)
+            .txn(outer)
             .await
-            .map_err(|e| txn_error(&txn, e))?;
+            .map_err(|e| txn_error(txn, e))?;
+        if !resp.succeeded() {
+            return Err(StoreError::Fenced { rev: fence.rev });
+        }
+        let succeeded = resp.op_responses().into_iter().any(|r| match r {
+            etcd_client::TxnOpResponse::Txn(inner) => inner.succeeded(),
+            _ => false,
+        });
         Ok(TxnResult {
-            succeeded: resp.succeeded(),
+            succeeded,
             rev: resp.header().map_or(0, |h| h.revision()) as Rev,
         })
     }
@@ -407,18 +507,8 @@ impl Store for EtcdStore {
             for op in txns.iter().flat_map(|t| &t.success) {
                 last.insert(op.key(), op);
             }
-            if last.len() > MAX_OPS_PER_TXN {
-                return Err(StoreError::InvalidRequest(format!(
-                    "an atomic batch writes {} keys; etcd commits at most {MAX_OPS_PER_TXN} in one txn",
-                    last.len()
-                )));
-            }
-            let one = Txn {
-                compares: Vec::new(),
-                success: last.into_values().cloned().collect(),
-                failure: Vec::new(),
-            };
-            let result = self.run_txn(one).await?;
+            let ops: Vec<Op> = last.into_values().cloned().collect();
+            let result = self.commit_batch(ops).await?;
             Ok(vec![result; txns.len()])
         })
     }

@@ -10,6 +10,7 @@
 //! leases with a TTL) and async throughout, so both backends — the embedded [`RedbStore`] and
 //! [`EtcdStore`] — implement one contract, checked by the same tests (`tests/store_contract.rs`).
 
+mod etcd_batch;
 mod etcd_store;
 mod json;
 mod record;
@@ -20,6 +21,7 @@ use std::pin::Pin;
 
 use tokio::sync::mpsc;
 
+pub use etcd_batch::{BATCH_PREFIX, MAX_TXN_BYTES, Recovered};
 pub use etcd_store::{EtcdOptions, EtcdStore};
 pub use json::{decode_json, get_json, put_json, put_json_with_lease, range_json};
 pub use redb_store::{
@@ -277,6 +279,10 @@ pub enum StoreError {
     /// Too many open watches.
     #[error("too many watchers (limit {0})")]
     TooManyWatchers(usize),
+    /// This hub's fencing token no longer holds: another replica leads now, so nothing was
+    /// written and nothing this hub writes will be until it is elected again.
+    #[error("fenced: this hub no longer leads (the leader key's revision is no longer {rev})")]
+    Fenced { rev: Rev },
     /// A typed value could not be serialized.
     #[error("cannot encode value for {key:?}: {message}")]
     Encode { key: String, message: String },
