@@ -1,10 +1,13 @@
 //! Typed HTTP client for the hub's `/api/v1` JSON API, with errors that say
 //! whether the hub refused the request, failed, or could not be reached.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axle_proto::api::{
-    ApiError, ClusterView, EventView, LogsView, SubmitRequest, TeamView, WorkloadList, WorkloadView,
+    ApiError, ClusterView, EventView, HubsView, LogsView, SubmitRequest, TeamView, WorkloadList,
+    WorkloadView,
 };
 use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
@@ -116,27 +119,58 @@ pub struct Submitted {
     pub created: bool,
 }
 
-/// One hub. Cheap to clone: clones share the connection pool.
+/// Most hub addresses one `--hub` may list: replicas are 3 or 5.
+pub const MAX_HUB_ADDRESSES: usize = 16;
+
+/// One hub, or the replicas of one hub. Cheap to clone: clones share the
+/// connection pool and which replica answered last.
 #[derive(Clone)]
 pub struct Client {
+    /// Requests are built on the first; [`Client::send`] moves them to the
+    /// replica that answered last and on to the next when one is unreachable.
+    bases: Arc<Vec<Url>>,
+    current: Arc<AtomicUsize>,
     base: Url,
     http: reqwest::Client,
 }
 
+/// Parses one hub URL, with a path that ends in '/'.
+fn parse_base(base: &str) -> anyhow::Result<Url> {
+    let mut url =
+        Url::parse(base.trim()).map_err(|e| anyhow::anyhow!("invalid hub URL {base:?}: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        anyhow::bail!("invalid hub URL {url}: the scheme must be http or https");
+    }
+    // `Url::join` replaces the last path segment unless the path ends in '/'.
+    if !url.path().ends_with('/') {
+        let path = format!("{}/", url.path());
+        url.set_path(&path);
+    }
+    Ok(url)
+}
+
 impl Client {
-    /// `base` is the hub URL, e.g. `http://127.0.0.1:7070`.
+    /// `base` is the hub URL, e.g. `http://127.0.0.1:7070`, or several
+    /// replicas' comma-separated: requests go to the one that answered
+    /// last, the next when it cannot be reached, and follow a follower's
+    /// redirect to the leader.
     pub fn new(base: &str) -> anyhow::Result<Client> {
         install_crypto_provider();
-        let mut base = Url::parse(base.trim())
-            .map_err(|e| anyhow::anyhow!("invalid hub URL {base:?}: {e}"))?;
-        if !matches!(base.scheme(), "http" | "https") {
-            anyhow::bail!("invalid hub URL {base}: the scheme must be http or https");
+        let bases: Vec<Url> = base
+            .split(',')
+            .filter(|b| !b.trim().is_empty())
+            .map(parse_base)
+            .collect::<anyhow::Result<_>>()?;
+        if bases.is_empty() {
+            anyhow::bail!("invalid hub URL {base:?}: no address given");
         }
-        // `Url::join` replaces the last path segment unless the path ends in '/'.
-        if !base.path().ends_with('/') {
-            let path = format!("{}/", base.path());
-            base.set_path(&path);
+        if bases.len() > MAX_HUB_ADDRESSES {
+            anyhow::bail!(
+                "{} hub addresses given, at most {MAX_HUB_ADDRESSES}",
+                bases.len()
+            );
         }
+        let base = bases[0].clone();
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
@@ -144,12 +178,55 @@ impl Client {
             .user_agent(concat!("axle-cli/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| anyhow::anyhow!("cannot build the HTTP client: {e}"))?;
-        Ok(Client { base, http })
+        Ok(Client {
+            bases: Arc::new(bases),
+            current: Arc::new(AtomicUsize::new(0)),
+            base,
+            http,
+        })
     }
 
-    /// The hub URL, for messages.
+    /// The hub URL that answered last, for messages.
     pub fn hub(&self) -> &str {
-        self.base.as_str().trim_end_matches('/')
+        let i = self.current.load(Ordering::Relaxed) % self.bases.len();
+        self.bases[i].as_str().trim_end_matches('/')
+    }
+
+    /// `url` (built on the first base) moved onto base `i`.
+    fn rebase(&self, url: &Url, i: usize) -> Url {
+        let rest = url
+            .path()
+            .strip_prefix(self.base.path())
+            .unwrap_or(url.path());
+        let mut moved = self.bases[i].join(rest).unwrap_or_else(|_| url.clone());
+        moved.set_query(url.query());
+        moved
+    }
+
+    /// Executes `req` on the replica that answered last, then on the others in turn while
+    /// they cannot be reached.
+    async fn execute(&self, req: reqwest::Request) -> Result<reqwest::Response, reqwest::Error> {
+        let n = self.bases.len();
+        let start = self.current.load(Ordering::Relaxed) % n;
+        let mut req = Some(req);
+        for k in 0..n {
+            let i = (start + k) % n;
+            let Some(mut r) = req.take() else { break };
+            let spare = if k + 1 < n { r.try_clone() } else { None };
+            *r.url_mut() = self.rebase(r.url(), i);
+            match self.http.execute(r).await {
+                Ok(resp) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    return Ok(resp);
+                }
+                Err(e) if e.is_connect() && spare.is_some() => req = spare,
+                Err(e) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+        unreachable!("the loop returns on its last address")
     }
 
     fn url(&self, path: &str, query: &[(&str, String)]) -> Url {
@@ -210,11 +287,11 @@ impl Client {
             hub: self.hub().to_string(),
             reason: transport_reason(&e),
         };
-        let resp = req
+        let req = req
             .header(reqwest::header::ACCEPT_ENCODING, "gzip")
-            .send()
-            .await
+            .build()
             .map_err(unreachable)?;
+        let resp = self.execute(req).await.map_err(unreachable)?;
         let status = resp.status();
         let gzip = resp
             .headers()
@@ -378,6 +455,11 @@ impl Client {
     /// `GET /api/v1/clusters`.
     pub async fn clusters(&self) -> Result<Vec<ClusterView>, ClientError> {
         self.get("api/v1/clusters", &[]).await
+    }
+
+    /// `GET /api/v1/hubs`.
+    pub async fn hubs(&self) -> Result<HubsView, ClientError> {
+        self.get("api/v1/hubs", &[]).await
     }
 
     /// `GET /api/v1/teams`.

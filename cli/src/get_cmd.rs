@@ -29,6 +29,9 @@ pub enum Resource {
     Teams,
     #[value(alias = "event", alias = "ev")]
     Events,
+    /// The hub's replicas, which one leads, and its term.
+    #[value(alias = "hub")]
+    Hubs,
 }
 
 /// Events `get events` shows by default: the most recent screenfuls.
@@ -190,6 +193,7 @@ fn check_filters(a: &GetArgs) -> Result<Option<String>, UsageError> {
                 Resource::Clusters => "clusters",
                 Resource::Teams => "teams",
                 Resource::Events => "events",
+                Resource::Hubs => "hubs",
             }
         ))
     };
@@ -212,7 +216,69 @@ fn check_filters(a: &GetArgs) -> Result<Option<String>, UsageError> {
         Resource::Events if a.state.is_some() => Err(unsupported("--state")),
         Resource::Events if a.cluster.is_some() => Err(unsupported("--cluster")),
         Resource::Events => Ok(None),
+        Resource::Hubs if a.team.is_some() => Err(unsupported("--team")),
+        Resource::Hubs if a.state.is_some() => Err(unsupported("--state")),
+        Resource::Hubs if a.cluster.is_some() => Err(unsupported("--cluster")),
+        Resource::Hubs if a.watch => Err(unsupported("-w")),
+        Resource::Hubs => Ok(None),
     }
+}
+
+const HUB_HEADERS: &[&str] = &["REPLICA", "ROLE", "TERM", "HTTP", "GRPC", "AGE"];
+
+/// `axle get hubs`: one row per replica (one hub on redb has none: a line says so).
+async fn hubs(client: &Client, a: &GetArgs) -> anyhow::Result<ExitCode> {
+    let v = client.hubs().await?;
+    if let Some(format) = structured(a.output) {
+        print!("{}", to_text(&v, format)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if a.output == ListFormat::Name {
+        for r in &v.replicas {
+            println!("hub/{}", r.id);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if v.replicas.is_empty() {
+        println!(
+            "one hub on the {} store (no replicas); it always leads",
+            v.store
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let now = now_ms();
+    let term = v.term.map_or("-".to_string(), |t| t.to_string());
+    let rows: Vec<Row> = v
+        .replicas
+        .iter()
+        .map(|r| Row {
+            key: r.id.clone(),
+            cells: vec![
+                table::printable(&r.id).into_owned(),
+                if r.leader { "leader" } else { "follower" }.to_string(),
+                if r.leader {
+                    term.clone()
+                } else {
+                    "-".to_string()
+                },
+                table::printable(&r.http).into_owned(),
+                table::printable(&r.grpc).into_owned(),
+                table::age(now, r.started_at_ms),
+            ],
+        })
+        .collect();
+    if a.no_headers {
+        let w = table::widths(HUB_HEADERS, &rows);
+        for r in &rows {
+            println!("{}", table::render_line(&r.cells, &w));
+        }
+    } else {
+        print!("{}", table::render(HUB_HEADERS, &rows));
+    }
+    if v.leader.is_none() {
+        eprintln!("no replica leads right now (an election, or etcd is unreachable)");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// One poll. `cursor` is the newest event seen: the first events poll
@@ -258,6 +324,7 @@ async fn fetch(
             ts.retain(|t| a.team.as_ref().is_none_or(|n| &t.name == n));
             Snapshot::Teams(ts)
         }
+        Resource::Hubs => anyhow::bail!("hubs are listed by `hubs`, not polled"),
     })
 }
 
@@ -284,6 +351,9 @@ fn structured(format: ListFormat) -> Option<ObjectFormat> {
 
 pub async fn run(client: &Client, a: GetArgs) -> anyhow::Result<ExitCode> {
     let state = check_filters(&a)?;
+    if a.resource == Resource::Hubs {
+        return hubs(client, &a).await;
+    }
     if a.watch && a.output == ListFormat::Name {
         return Err(UsageError("-o name lists once; drop -w or use -o json".into()).into());
     }
@@ -324,6 +394,7 @@ fn resource_name(r: Resource) -> &'static str {
         Resource::Clusters => "clusters",
         Resource::Teams => "teams",
         Resource::Events => "events",
+        Resource::Hubs => "hubs",
     }
 }
 

@@ -266,3 +266,31 @@ pub struct ApiError {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
 }
+
+/// `GET /api/v1/hubs`: the hub replicas, which one leads, and its term.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HubsView {
+    /// `redb` (one hub, no replicas) or `etcd`.
+    pub store: String,
+    /// The replica that answered.
+    pub answered_by: String,
+    /// The leading replica's id, if one leads now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// The leader's term: the store revision at which it took the lead,
+    /// its fencing token. Grows with every change of leader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<u64>,
+    pub replicas: Vec<HubReplicaView>,
+}
+
+/// One hub replica as it registered itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HubReplicaView {
+    pub id: String,
+    /// Where its HTTP API and gRPC listen, as it advertises them.
+    pub http: String,
+    pub grpc: String,
+    pub leader: bool,
+    pub started_at_ms: u64,
+}

@@ -27,7 +27,8 @@ pub struct NodeSpec {
 /// Everything [`crate::run`] needs to know about the cluster it serves.
 #[derive(Debug, Clone)]
 pub struct SpokeConfig {
-    /// The hub's gRPC address, e.g. `http://127.0.0.1:7071`.
+    /// The hub's gRPC address, e.g. `http://127.0.0.1:7071`, or several
+    /// replicas' comma-separated.
     pub hub_url: String,
     pub cluster: String,
     pub region: String,

@@ -19,12 +19,14 @@ use tracing_subscriber::EnvFilter;
     about = "Axle spoke agent: runs one cluster's GPU workloads for the hub"
 )]
 struct Args {
-    /// The hub's gRPC address.
+    /// The hub's gRPC address; several replicas comma-separated
+    /// (`http://h1:7071,http://h2:7071`): the spoke dials them in turn and
+    /// follows a replica that names the leader.
     #[arg(
         long = "hub",
         env = "AXLE_HUB_GRPC",
         default_value = "http://127.0.0.1:7071",
-        value_name = "URL"
+        value_name = "URL[,URL...]"
     )]
     hub_url: String,
     /// Name of this cluster.

@@ -22,12 +22,17 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How long one TCP/HTTP2 connect may take before it counts as failed.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// HTTP/2 PING interval. A hub that vanished without closing the connection
-/// (host died, network partition) is noticed within interval + timeout
-/// (30 s), after which the spoke redials; the hub's own spoke timeout should
-/// be longer than that.
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// (host died, network partition, a paused process) is noticed within
+/// interval + timeout (10 s), after which the spoke redials the next hub
+/// replica; the hub's own spoke timeout should be longer than that. One PING
+/// per spoke every 5 s is nothing to a hub.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a PING may go unanswered before the connection is dropped.
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// gRPC metadata in which a hub replica that does not lead names the leader.
+pub const LEADER_METADATA: &str = "axle-leader-grpc";
+/// Most hub addresses one `--hub` may list: replicas are 3 or 5.
+pub const MAX_HUB_ADDRESSES: usize = 16;
 /// Messages between the agent and the gRPC stream. Small on purpose: what
 /// sits here when the stream breaks is lost, so the agent's outbox (which
 /// survives reconnects) is the real buffer.
@@ -93,14 +98,53 @@ pub fn endpoint(hub_url: &str) -> anyhow::Result<Endpoint> {
         .tcp_nodelay(true))
 }
 
-/// Dials the hub forever; each session is announced to the agent with
-/// `Connected` (carrying the sender for the upward stream) and closed with
-/// `Disconnected`. Returns only when the agent is gone.
-pub async fn dial_loop(endpoint: Endpoint, inputs: mpsc::Sender<Input>) {
+/// The endpoints of `--hub a,b,c` (one or more hub replicas), in order.
+pub fn endpoints(hub_urls: &str) -> anyhow::Result<Vec<Endpoint>> {
+    let urls: Vec<&str> = hub_urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    if urls.is_empty() {
+        anyhow::bail!("no hub address given; expected e.g. http://127.0.0.1:7071");
+    }
+    if urls.len() > MAX_HUB_ADDRESSES {
+        anyhow::bail!(
+            "{} hub addresses given, at most {MAX_HUB_ADDRESSES}",
+            urls.len()
+        );
+    }
+    urls.into_iter().map(endpoint).collect()
+}
+
+/// The leader a replica that does not lead named, if it did.
+fn leader_hint(status: &tonic::Status) -> Option<Endpoint> {
+    if status.code() != tonic::Code::Unavailable {
+        return None;
+    }
+    let url = status.metadata().get(LEADER_METADATA)?.to_str().ok()?;
+    endpoint(url).ok()
+}
+
+/// Dials the hub forever, going round the replicas of `endpoints` (and
+/// straight to the leader a follower names); each session is announced to
+/// the agent with `Connected` (carrying the sender for the upward stream)
+/// and closed with `Disconnected`. Returns only when the agent is gone.
+pub async fn dial_loop(endpoints: Vec<Endpoint>, inputs: mpsc::Sender<Input>) {
     let mut backoff = Backoff::default();
     let mut failed_dials: u32 = 0;
-    let url = endpoint.uri().to_string();
+    let mut next = 0usize;
+    let mut hint: Option<Endpoint> = None;
     loop {
+        let endpoint = match hint.take() {
+            Some(e) => e,
+            None => {
+                let e = endpoints[next % endpoints.len()].clone();
+                next = next.wrapping_add(1);
+                e
+            }
+        };
+        let url = endpoint.uri().to_string();
         match endpoint.connect().await {
             Ok(channel) => {
                 failed_dials = 0;
@@ -137,7 +181,15 @@ pub async fn dial_loop(endpoint: Endpoint, inputs: mpsc::Sender<Input>) {
                         }
                     }
                     Err(status) => {
-                        tracing::warn!(hub = %url, error = %status, "hub refused the session");
+                        hint = leader_hint(&status);
+                        match &hint {
+                            Some(leader) => {
+                                tracing::info!(hub = %url, leader = %leader.uri(), "hub replica does not lead; dialing the leader")
+                            }
+                            None => {
+                                tracing::warn!(hub = %url, error = %status, "hub refused the session")
+                            }
+                        }
                     }
                 }
                 if inputs.send(Input::Disconnected).await.is_err() {
@@ -153,7 +205,12 @@ pub async fn dial_loop(endpoint: Endpoint, inputs: mpsc::Sender<Input>) {
                 }
             }
         }
-        tokio::time::sleep(backoff.next_delay()).await;
+        if hint.is_some() {
+            // A follower named the leader: go there now, not after a backoff.
+            tokio::time::sleep(INITIAL_BACKOFF).await;
+        } else {
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
     }
 }
 

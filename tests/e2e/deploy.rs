@@ -14,11 +14,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Namespace, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use serde_json::Value;
 
 /// Every kustomization directory under deploy/kustomize.
-const KUSTOMIZATIONS: &[&str] = &["hub", "spoke", "overlays/dev"];
+const KUSTOMIZATIONS: &[&str] = &["hub", "spoke", "overlays/dev", "overlays/ha"];
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -38,6 +39,7 @@ struct Built {
     accounts: Vec<ServiceAccount>,
     cluster_roles: Vec<ClusterRole>,
     bindings: Vec<ClusterRoleBinding>,
+    budgets: Vec<PodDisruptionBudget>,
 }
 
 fn parse<T: serde::de::DeserializeOwned>(doc: Value, dir: &str) -> T {
@@ -75,6 +77,7 @@ fn build(dir: &str) -> Built {
             "ServiceAccount" => b.accounts.push(parse(doc, dir)),
             "ClusterRole" => b.cluster_roles.push(parse(doc, dir)),
             "ClusterRoleBinding" => b.bindings.push(parse(doc, dir)),
+            "PodDisruptionBudget" => b.budgets.push(parse(doc, dir)),
             other => panic!("{dir}: unexpected kind {other:?}; add it to this test"),
         }
     }
@@ -126,12 +129,15 @@ fn every_kustomization_builds_into_valid_objects() {
         for d in &b.deployments {
             let name = d.metadata.name.clone().unwrap_or_default();
             let spec = d.spec.as_ref().expect("deployment spec");
-            assert_eq!(spec.replicas, Some(1), "{dir}/{name}: one replica");
-            assert_eq!(
-                spec.strategy.as_ref().and_then(|s| s.type_.as_deref()),
-                Some("Recreate"),
-                "{dir}/{name}: the old pod must be gone before the new one starts"
-            );
+            // The replicated hub is checked on its own (below).
+            if !(*dir == "overlays/ha" && name == "axle-hub") {
+                assert_eq!(spec.replicas, Some(1), "{dir}/{name}: one replica");
+                assert_eq!(
+                    spec.strategy.as_ref().and_then(|s| s.type_.as_deref()),
+                    Some("Recreate"),
+                    "{dir}/{name}: the old pod must be gone before the new one starts"
+                );
+            }
             let pod = spec.template.spec.as_ref().expect("pod spec");
             assert_eq!(
                 pod.security_context
@@ -150,6 +156,64 @@ fn every_kustomization_builds_into_valid_objects() {
             }
         }
     }
+}
+
+#[test]
+fn the_ha_overlay_runs_three_replicas_on_etcd_under_a_disruption_budget() {
+    let b = build("overlays/ha");
+    let hub = deployment(&b, "axle-hub");
+    let spec = hub.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(3));
+    assert_eq!(
+        spec.strategy.as_ref().and_then(|s| s.type_.as_deref()),
+        Some("RollingUpdate")
+    );
+    let pod = spec.template.spec.as_ref().unwrap();
+    let c = &pod.containers[0];
+    let args = c.args.clone().unwrap_or_default();
+    for want in [
+        "--replica-id=$(POD_NAME)",
+        "--advertise-http=http://$(POD_IP):7070",
+        "--advertise-grpc=http://$(POD_IP):7071",
+    ] {
+        assert!(
+            args.iter().any(|a| a == want),
+            "hub args {args:?} lack {want}"
+        );
+    }
+    let env = c.env.clone().unwrap_or_default();
+    let store = env
+        .iter()
+        .find(|e| e.name == "AXLE_STORE")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.secret_key_ref.as_ref())
+        .expect("AXLE_STORE from a Secret");
+    assert_eq!(
+        (store.name.as_str(), store.key.as_str()),
+        ("axle-etcd", "store")
+    );
+    // No claim: the state is in etcd; logs on an emptyDir.
+    assert!(b.claims.is_empty(), "no PersistentVolumeClaim");
+    let volumes = pod.volumes.clone().unwrap_or_default();
+    assert!(volumes.iter().all(|v| v.persistent_volume_claim.is_none()));
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v.name == "data" && v.empty_dir.is_some())
+    );
+    // Followers are serving (they redirect): readiness must not be /readyz.
+    let ready = c
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref())
+        .and_then(|h| h.path.clone());
+    assert_eq!(ready.as_deref(), Some("/healthz"));
+    let pdb = b.budgets.first().expect("a PodDisruptionBudget");
+    let pdb_spec = pdb.spec.as_ref().unwrap();
+    assert_eq!(
+        pdb_spec.min_available,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2))
+    );
 }
 
 #[test]

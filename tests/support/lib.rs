@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod ha;
 pub mod kube;
 
 use axle_proto::api::{ClusterView, EventView, LogsView, SubmitRequest, WorkloadView};
@@ -183,14 +184,14 @@ pub fn tail(path: &Path) -> String {
 }
 
 /// A child process that is SIGKILLed and reaped on drop.
-struct Proc {
+pub(crate) struct Proc {
     name: String,
     child: Option<Child>,
     log: PathBuf,
 }
 
 impl Proc {
-    fn spawn(name: &str, mut cmd: Command, log: &Path) -> Proc {
+    pub(crate) fn spawn(name: &str, mut cmd: Command, log: &Path) -> Proc {
         let out = OpenOptions::new()
             .create(true)
             .append(true)
@@ -215,15 +216,26 @@ impl Proc {
         }
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child
             .as_ref()
             .map(Child::id)
             .expect("process is running")
     }
 
+    /// Sends `signal` (e.g. `STOP`, `CONT`) with kill(1).
+    pub(crate) fn signal(&self, signal: &str) {
+        let Some(c) = &self.child else { return };
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(c.id().to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{signal} {} failed", self.name);
+    }
+
     /// SIGKILL and reap.
-    fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -231,7 +243,7 @@ impl Proc {
     }
 
     /// Err with the exit status and log tail if the process has exited.
-    fn check_alive(&mut self) -> Result<(), String> {
+    pub(crate) fn check_alive(&mut self) -> Result<(), String> {
         match self.child.as_mut().map(Child::try_wait) {
             Some(Ok(None)) => Ok(()),
             Some(Ok(Some(status))) => Err(format!(
@@ -266,28 +278,47 @@ pub struct HubProc {
     policy_dir: PathBuf,
     data_dir: PathBuf,
     log: PathBuf,
+    /// More flags (e.g. `--store etcd://…`), kept for restarts.
+    extra_args: Vec<String>,
 }
 
 impl HubProc {
     /// Starts `axle-hub --http 127.0.0.1:P --grpc 127.0.0.1:Q --data-dir D
     /// --policy DIR`, logging to `<data_dir>/../hub-<port>.log`.
     pub fn start(policy_dir: &Path, data_dir: &Path, ports: Ports) -> HubProc {
+        Self::start_with(policy_dir, data_dir, ports, Vec::new())
+    }
+
+    /// [`HubProc::start`] with more flags.
+    pub fn start_with(
+        policy_dir: &Path,
+        data_dir: &Path,
+        ports: Ports,
+        extra_args: Vec<String>,
+    ) -> HubProc {
         std::fs::create_dir_all(data_dir).expect("create hub data dir");
         let log = data_dir
             .parent()
             .unwrap_or(data_dir)
             .join(format!("hub-{}.log", ports.http));
-        let proc_ = Self::spawn(policy_dir, data_dir, ports, &log);
+        let proc_ = Self::spawn(policy_dir, data_dir, ports, &log, &extra_args);
         HubProc {
             proc_,
             ports,
             policy_dir: policy_dir.to_path_buf(),
             data_dir: data_dir.to_path_buf(),
             log,
+            extra_args,
         }
     }
 
-    fn spawn(policy_dir: &Path, data_dir: &Path, ports: Ports, log: &Path) -> Proc {
+    fn spawn(
+        policy_dir: &Path,
+        data_dir: &Path,
+        ports: Ports,
+        log: &Path,
+        extra_args: &[String],
+    ) -> Proc {
         let mut cmd = Command::new(bin("axle-hub"));
         cmd.arg("--http")
             .arg(format!("127.0.0.1:{}", ports.http))
@@ -297,19 +328,37 @@ impl HubProc {
             .arg(data_dir)
             .arg("--policy")
             .arg(policy_dir)
-            .env_remove("AXLE_SPOKE_TOKEN");
-        Proc::spawn("axle-hub", cmd, log)
+            .args(extra_args)
+            .env_remove("AXLE_SPOKE_TOKEN")
+            .env_remove("AXLE_STORE");
+        Proc::spawn(&format!("axle-hub :{}", ports.http), cmd, log)
     }
 
     /// Starts the hub again on the same ports, data dir and policy (after
     /// [`HubProc::kill9`]).
     pub fn restart(&mut self) {
         self.proc_.kill9();
-        self.proc_ = Self::spawn(&self.policy_dir, &self.data_dir, self.ports, &self.log);
+        self.proc_ = Self::spawn(
+            &self.policy_dir,
+            &self.data_dir,
+            self.ports,
+            &self.log,
+            &self.extra_args,
+        );
     }
 
     pub fn pid(&self) -> u32 {
         self.proc_.pid()
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the hub.
+    pub fn signal(&self, signal: &str) {
+        self.proc_.signal(signal);
+    }
+
+    /// Err with the exit status and log tail if the hub has exited.
+    pub fn check_alive(&mut self) -> Result<(), String> {
+        self.proc_.check_alive()
     }
 
     /// SIGKILL the hub (and reap it).
@@ -524,6 +573,34 @@ impl Api {
         Ok((status, body))
     }
 
+    /// POST a submit with a 3 s timeout (a paused hub must not hold a client for
+    /// long); Err when the hub cannot be reached or does not answer in time.
+    pub async fn try_submit(&self, req: &SubmitRequest) -> Result<Reply, reqwest::Error> {
+        let r = self
+            .http
+            .post(format!("{}/api/v1/workloads", self.base))
+            .timeout(Duration::from_secs(3))
+            .json(req)
+            .send()
+            .await?;
+        Self::reply(r).await
+    }
+
+    /// GET `path` within `timeout`; Err when the hub cannot be reached in time.
+    pub async fn try_get_within(
+        &self,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<Reply, reqwest::Error> {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .timeout(timeout)
+            .send()
+            .await?;
+        Self::reply(r).await
+    }
+
     /// GET `path`; Err when the hub cannot be reached.
     pub async fn try_get(&self, path: &str) -> Result<Reply, reqwest::Error> {
         Self::reply(self.http.get(format!("{}{path}", self.base)).send().await?).await
@@ -563,6 +640,17 @@ impl Api {
         Self::reply(r)
             .await
             .unwrap_or_else(|e| panic!("POST {path}: {e}"))
+    }
+
+    /// DELETE `path` with a 3 s timeout; Err when the hub cannot be reached in time.
+    pub async fn try_delete(&self, path: &str) -> Result<Reply, reqwest::Error> {
+        let r = self
+            .http
+            .delete(format!("{}{path}", self.base))
+            .timeout(Duration::from_secs(3))
+            .send()
+            .await?;
+        Self::reply(r).await
     }
 
     pub async fn delete(&self, path: &str) -> Reply {

@@ -83,7 +83,7 @@ impl pb::spoke_service_server::SpokeService for SpokeSvc {
             .map_err(status_of)?;
         registered
             .await
-            .map_err(|_| Status::unavailable("hub is shutting down"))?
+            .map_err(|_| status_of(self.hub.stopped()))?
             .map_err(status_of)?;
         let hub = self.hub.clone();
         let log_dir = logs::dir(&hub.config.data_dir);
@@ -171,7 +171,7 @@ impl pb::user_service_server::UserService for UserSvc {
             .map_err(status_of)?;
         let (view, _) = rx
             .await
-            .map_err(|_| Status::unavailable("hub is shutting down"))?
+            .map_err(|_| status_of(self.hub.stopped()))?
             .map_err(status_of)?;
         Ok(Response::new(views::workload_pb(&view)))
     }
@@ -231,7 +231,7 @@ impl pb::user_service_server::UserService for UserSvc {
             .map_err(status_of)?;
         let view = rx
             .await
-            .map_err(|_| Status::unavailable("hub is shutting down"))?
+            .map_err(|_| status_of(self.hub.stopped()))?
             .map_err(status_of)?;
         Ok(Response::new(views::workload_pb(&view)))
     }

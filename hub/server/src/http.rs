@@ -38,12 +38,13 @@ pub fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v1/teams", get(teams))
         .route("/api/v1/events", get(events))
         .route("/api/v1/policy", get(policy))
+        .route("/api/v1/hubs", get(hubs))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ready" }))
         .fallback(|| async {
             http_err(
                 StatusCode::NOT_FOUND,
-                "no such endpoint; the API lives under /api/v1 (workloads, clusters, teams, events, policy)",
+                "no such endpoint; the API lives under /api/v1 (workloads, clusters, teams, events, policy, hubs)",
             )
         })
         .layer(axum::Extension(Arc::new(PageCache::new())))
@@ -158,6 +159,19 @@ fn err(e: HubError) -> Response {
 }
 
 /// An error of the HTTP layer itself (routing, limits), with its status.
+/// One hub on the embedded store: no replicas, it always leads. (Replicas on etcd
+/// answer this route themselves, see `ha/front.rs`.)
+async fn hubs() -> Response {
+    axum::Json(api::HubsView {
+        store: "redb".to_string(),
+        answered_by: "hub".to_string(),
+        leader: Some("hub".to_string()),
+        term: None,
+        replicas: Vec::new(),
+    })
+    .into_response()
+}
+
 fn http_err(code: StatusCode, msg: impl Into<String>) -> Response {
     (
         code,
@@ -209,7 +223,7 @@ async fn submit(State(hub): State<Arc<Hub>>, body: Bytes) -> Response {
             &view,
         ),
         Ok(Err(e)) => err(e),
-        Err(_) => err(HubError::shutting_down()),
+        Err(_) => err(hub.stopped()),
     }
 }
 
@@ -333,7 +347,7 @@ async fn cancel(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response
     match rx.await {
         Ok(Ok(v)) => json(StatusCode::OK, &v),
         Ok(Err(e)) => err(e),
-        Err(_) => err(HubError::shutting_down()),
+        Err(_) => err(hub.stopped()),
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod dev;
 pub mod grpc;
+pub mod ha;
 pub mod http;
 pub mod http_serve;
 pub mod hub;

@@ -1,10 +1,13 @@
 //! `axle-hub`: the control plane process.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
+use axle_hub::ha::HaOptions;
+use axle_hub::store::{EtcdOptions, EtcdStore, RedbStore, Store, StoreLocation};
 use axle_hub::{dev, server};
 use clap::Parser;
 
@@ -21,9 +24,17 @@ struct Args {
     /// gRPC address (spokes and the user API).
     #[arg(long, env = "AXLE_GRPC", default_value = "127.0.0.1:7071")]
     grpc: SocketAddr,
-    /// Where the store and workload logs live.
+    /// Where workload logs live, and the embedded store unless --store says otherwise.
     #[arg(long, env = "AXLE_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// The hub's state: `redb:PATH` (default: DATA_DIR/axle.redb; one hub) or
+    /// `etcd://HOST:PORT,HOST:PORT,...` (several replicas, one leads).
+    #[arg(long, env = "AXLE_STORE")]
+    store: Option<String>,
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    #[command(flatten)]
+    replica: ReplicaArgs,
     /// Policy repository (directory of YAML documents).
     #[arg(long, env = "AXLE_POLICY")]
     policy: Option<PathBuf>,
@@ -47,6 +58,61 @@ struct Args {
     #[arg(long, default_value_t = axle_hub::http_serve::DEFAULT_HEADER_READ_TIMEOUT.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3_600))]
     http_header_timeout_s: u64,
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+/// How to reach etcd, for `--store etcd://…`.
+#[derive(clap::Args, Debug, Clone)]
+struct EtcdArgs {
+    /// PEM file of the CA that signed the etcd members' certificates (TLS to etcd).
+    #[arg(long, env = "AXLE_ETCD_CA", global = true)]
+    etcd_ca: Option<PathBuf>,
+    /// PEM client certificate this hub presents to etcd (with --etcd-key).
+    #[arg(long, env = "AXLE_ETCD_CERT", requires = "etcd_key", global = true)]
+    etcd_cert: Option<PathBuf>,
+    /// PEM private key of --etcd-cert.
+    #[arg(long, env = "AXLE_ETCD_KEY", requires = "etcd_cert", global = true)]
+    etcd_key: Option<PathBuf>,
+    /// Every key of this hub is kept under this etcd prefix.
+    #[arg(
+        long,
+        env = "AXLE_ETCD_PREFIX",
+        default_value = "/axle/",
+        global = true
+    )]
+    etcd_prefix: String,
+}
+
+/// This replica, for `--store etcd://…`.
+#[derive(clap::Args, Debug, Clone)]
+struct ReplicaArgs {
+    /// Unique name of this replica (default: host name and HTTP port).
+    #[arg(long, env = "AXLE_REPLICA_ID")]
+    replica_id: Option<String>,
+    /// The HTTP URL other replicas send clients to (default: http://--http).
+    #[arg(long, env = "AXLE_ADVERTISE_HTTP")]
+    advertise_http: Option<String>,
+    /// The gRPC URL other replicas send spokes to (default: http://--grpc).
+    #[arg(long, env = "AXLE_ADVERTISE_GRPC")]
+    advertise_grpc: Option<String>,
+    /// The replica's lease in etcd: a leader that stops renewing it is replaced after this.
+    #[arg(long, default_value_t = axle_hub::ha::DEFAULT_LEASE_TTL.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(2_000..=60_000))]
+    lease_ttl_ms: u64,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Cmd {
+    /// Copies a stopped hub's state into an empty store, e.g. from redb to etcd.
+    MigrateStore {
+        /// `redb:PATH` or `etcd://HOST:PORT,...`
+        #[arg(long)]
+        from: String,
+        /// `redb:PATH` or `etcd://HOST:PORT,...` (must be empty)
+        #[arg(long)]
+        to: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -77,7 +143,69 @@ fn main() -> ExitCode {
     }
 }
 
+/// Reads a PEM file named by a flag.
+fn pem(flag: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("{flag} {}: cannot read it", path.display()))
+}
+
+/// Connects to etcd at `endpoints` as `--etcd-*` say.
+async fn etcd_store(endpoints: &[String], a: &EtcdArgs) -> anyhow::Result<EtcdStore> {
+    let tls = a.etcd_ca.is_some() || a.etcd_cert.is_some();
+    let mut o = EtcdOptions::new(StoreLocation::urls(endpoints, tls));
+    o.prefix = a.etcd_prefix.clone();
+    if let Some(ca) = &a.etcd_ca {
+        o.ca_pem = Some(pem("--etcd-ca", ca)?);
+    }
+    if let (Some(cert), Some(key)) = (&a.etcd_cert, &a.etcd_key) {
+        o.client_cert_pem = Some((pem("--etcd-cert", cert)?, pem("--etcd-key", key)?));
+    }
+    EtcdStore::connect(o)
+        .await
+        .with_context(|| format!("cannot reach etcd at {}", endpoints.join(",")))
+}
+
+/// Opens a `--from`/`--to` store of `migrate-store`.
+async fn open_store(flag: &str, s: &str, a: &EtcdArgs) -> anyhow::Result<Arc<dyn Store>> {
+    match StoreLocation::parse(s).map_err(|e| anyhow::anyhow!("{flag}: {e}"))? {
+        StoreLocation::Redb(path) => {
+            let store: Arc<dyn Store> = RedbStore::open(&path).with_context(|| {
+                format!(
+                    "{flag} {}: cannot open it (is a hub running on it?)",
+                    path.display()
+                )
+            })?;
+            Ok(store)
+        }
+        StoreLocation::Etcd(endpoints) => {
+            let store = etcd_store(&endpoints, a).await?;
+            if flag == "--from" {
+                store.recover_batches().await?;
+            }
+            Ok(Arc::new(store))
+        }
+    }
+}
+
+async fn migrate_store(from: &str, to: &str, a: &EtcdArgs) -> anyhow::Result<()> {
+    let source = open_store("--from", from, a).await?;
+    let dest = open_store("--to", to, a).await?;
+    let started = std::time::Instant::now();
+    let done = axle_hub::store::migrate(source.as_ref(), dest.as_ref())
+        .await
+        .context("migration failed")?;
+    println!(
+        "copied {} records ({} bytes) from {from} to {to} in {:.1} s",
+        done.keys,
+        done.bytes,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 async fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(Cmd::MigrateStore { from, to }) = &args.command {
+        return migrate_store(from, to, &args.etcd).await;
+    }
     let policy = match (&args.policy, args.dev) {
         (Some(dir), _) => match axle_policy::load_dir(dir) {
             Ok(l) => {
@@ -125,5 +253,53 @@ async fn run(args: Args) -> anyhow::Result<()> {
             data_dir.display()
         );
     }
-    server::run(data_dir, policy, args.spoke_token, listeners, shutdown).await
+    let location = match &args.store {
+        Some(s) => StoreLocation::parse(s).map_err(|e| anyhow::anyhow!("--store: {e}"))?,
+        None => StoreLocation::Redb(data_dir.join(server::STORE_FILE)),
+    };
+    match location {
+        StoreLocation::Redb(path) => {
+            server::run_on(
+                data_dir,
+                path,
+                policy,
+                args.spoke_token,
+                listeners,
+                shutdown,
+            )
+            .await
+        }
+        StoreLocation::Etcd(endpoints) => {
+            let store = etcd_store(&endpoints, &args.etcd).await?;
+            let r = &args.replica;
+            let http = listeners.http.local_addr()?;
+            let grpc = listeners.grpc.local_addr()?;
+            let host = std::env::var("HOSTNAME").unwrap_or_else(|_| http.ip().to_string());
+            let ha = HaOptions {
+                replica_id: r
+                    .replica_id
+                    .clone()
+                    .unwrap_or_else(|| format!("{host}-{}", http.port())),
+                advertise_http: r
+                    .advertise_http
+                    .clone()
+                    .unwrap_or_else(|| format!("http://{http}")),
+                advertise_grpc: r
+                    .advertise_grpc
+                    .clone()
+                    .unwrap_or_else(|| format!("http://{grpc}")),
+                lease_ttl: std::time::Duration::from_millis(r.lease_ttl_ms),
+            };
+            axle_hub::ha::run(
+                data_dir,
+                policy,
+                args.spoke_token,
+                listeners,
+                store,
+                ha,
+                shutdown,
+            )
+            .await
+        }
+    }
 }

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use axle_policy::Policy;
@@ -49,7 +50,32 @@ impl Listeners {
     }
 }
 
-/// Runs a hub until `shutdown` resolves or a server fails.
+/// The gRPC server with the hub's keepalive and stream limits.
+pub(crate) fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+        .max_concurrent_streams(Some(GRPC_MAX_STREAMS_PER_CONNECTION))
+}
+
+/// The spoke session service of `hub`, with the message size limit.
+pub(crate) fn spoke_service(
+    hub: Arc<Hub>,
+) -> pb::spoke_service_server::SpokeServiceServer<SpokeSvc> {
+    pb::spoke_service_server::SpokeServiceServer::new(SpokeSvc::new(hub))
+        .max_decoding_message_size(GRPC_MAX_MESSAGE_BYTES)
+}
+
+/// The user API of `hub`, with the message size limit.
+pub(crate) fn user_service(hub: Arc<Hub>) -> pb::user_service_server::UserServiceServer<UserSvc> {
+    pb::user_service_server::UserServiceServer::new(UserSvc::new(hub))
+        .max_decoding_message_size(GRPC_MAX_MESSAGE_BYTES)
+}
+
+/// The embedded store's file in the data dir, unless `--store redb:PATH`.
+pub const STORE_FILE: &str = "axle.redb";
+
+/// Runs a hub on the embedded store in `data_dir` until `shutdown` resolves or a server fails.
 pub async fn run(
     data_dir: PathBuf,
     policy: Policy,
@@ -57,10 +83,31 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let store_path = data_dir.join(STORE_FILE);
+    run_on(
+        data_dir,
+        store_path,
+        policy,
+        spoke_token,
+        listeners,
+        shutdown,
+    )
+    .await
+}
+
+/// Runs a hub on the embedded store at `store_path` until `shutdown` resolves or a server fails.
+pub async fn run_on(
+    data_dir: PathBuf,
+    store_path: PathBuf,
+    policy: Policy,
+    spoke_token: Option<String>,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
-    let store = RedbStore::open(&data_dir.join("axle.redb"))
-        .with_context(|| format!("cannot open the store in {}", data_dir.display()))?;
+    let store = RedbStore::open(&store_path)
+        .with_context(|| format!("cannot open the store {}", store_path.display()))?;
     let log_limits = crate::logs::LogLimits::within(policy.settings.max_log_bytes_per_workload);
     let (hub, mut tasks) = Hub::start(
         store,
@@ -70,6 +117,7 @@ pub async fn run(
             spoke_token,
             log_limits,
             clock: crate::hub::Clock::system(),
+            on_store_failure: Default::default(),
         },
     )
     .await?;
@@ -91,18 +139,9 @@ pub async fn run(
     let http = crate::http_serve::serve(listeners.http, app, listeners.http_limits, async move {
         let _ = http_stop.wait_for(|s| *s).await;
     });
-    let grpc = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
-        .max_concurrent_streams(Some(GRPC_MAX_STREAMS_PER_CONNECTION))
-        .add_service(
-            pb::spoke_service_server::SpokeServiceServer::new(SpokeSvc::new(hub.clone()))
-                .max_decoding_message_size(GRPC_MAX_MESSAGE_BYTES),
-        )
-        .add_service(
-            pb::user_service_server::UserServiceServer::new(UserSvc::new(hub))
-                .max_decoding_message_size(GRPC_MAX_MESSAGE_BYTES),
-        )
+    let grpc = grpc_server()
+        .add_service(spoke_service(hub.clone()))
+        .add_service(user_service(hub))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), async move {
             let _ = grpc_stop.wait_for(|s| *s).await;
         });

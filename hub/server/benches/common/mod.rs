@@ -143,6 +143,7 @@ pub async fn start(dir: &std::path::Path) -> (Arc<Hub>, axle_hub::hub::HubTasks,
             spoke_token: None,
             log_limits: Default::default(),
             clock: Clock::system(),
+            on_store_failure: Default::default(),
         },
     )
     .await

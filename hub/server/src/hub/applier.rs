@@ -12,7 +12,7 @@ use tracing::{error, info, warn};
 
 use super::retention::{EventsPage, RETENTION_BATCH};
 use super::spokes::SpokeEvent;
-use super::{Hub, HubConfig, HubError, Inner, MAX_COMMANDS_PER_BATCH, SpokeTx};
+use super::{Hub, HubConfig, HubError, Inner, MAX_COMMANDS_PER_BATCH, OnStoreFailure, SpokeTx};
 use crate::records::EVENTS;
 use crate::store::{MAX_OPS_PER_TXN, Op, Txn};
 
@@ -90,8 +90,10 @@ impl Effects {
 impl Hub {
     /// Makes a batch durable in one atomic store transaction, publishes the
     /// state it produced to readers, then tells: spoke messages in commit
-    /// order, then the callers' answers.
-    pub(super) async fn commit(&self, fx: Effects) {
+    /// order, then the callers' answers. False when the commit failed
+    /// under [`OnStoreFailure::StepDown`]: nothing was told, and the
+    /// applier must stop (the callers' replies drop, so they see an error).
+    pub(super) async fn commit(&self, fx: Effects) -> bool {
         if !fx.ops.is_empty() {
             // The store's per-txn op limit is etcd's; the batch is split in
             // txns of that size and committed all together or not at all.
@@ -107,6 +109,12 @@ impl Hub {
             if let Err(e) = self.store.txn_atomic(txns).await {
                 // Memory is ahead of disk and callers were promised
                 // durability: the only safe move is to stop and restart from the store.
+                if self.config.on_store_failure == OnStoreFailure::StepDown {
+                    error!("store commit failed: {e}; this replica steps down");
+                    *self.store_failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(format!("store commit failed: {e}"));
+                    return false;
+                }
                 error!("store commit failed: {e}; exiting so the hub restarts from its store");
                 std::process::exit(70);
             }
@@ -142,6 +150,7 @@ impl Hub {
         for f in fx.after {
             f();
         }
+        true
     }
 
     pub(super) async fn applier(self: Arc<Self>, mut rx: mpsc::Receiver<Command>) {
@@ -182,7 +191,9 @@ impl Hub {
                     });
                 }
             }
-            self.commit(fx).await;
+            if !self.commit(fx).await {
+                return;
+            }
         }
     }
 }

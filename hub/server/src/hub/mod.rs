@@ -75,6 +75,21 @@ pub struct HubConfig {
     pub log_limits: crate::logs::LogLimits,
     /// Where hub time comes from.
     pub clock: Clock,
+    /// What a failed store commit does.
+    pub on_store_failure: OnStoreFailure,
+}
+
+/// What the hub does when a commit fails: memory is then ahead of the
+/// store, and callers were promised durability, so it never goes on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnStoreFailure {
+    /// Exit the process (status 70), so a supervisor restarts it from its
+    /// store: one hub on redb.
+    #[default]
+    Exit,
+    /// Stop the applier and report it ([`HubTasks::failed`],
+    /// [`Hub::store_failure`]): a replica on etcd steps down and campaigns again.
+    StepDown,
 }
 
 /// The applier's state. Only the applier task touches it (behind
@@ -117,6 +132,8 @@ pub struct Hub {
     store: Arc<dyn Store>,
     tx: mpsc::Sender<Command>,
     pub config: HubConfig,
+    /// Why the last commit failed, under [`OnStoreFailure::StepDown`].
+    store_failure: Mutex<Option<String>>,
 }
 
 impl Hub {
@@ -138,6 +155,7 @@ impl Hub {
             store,
             tx,
             config,
+            store_failure: Mutex::new(None),
         });
         {
             let mut fx = Effects::default();
@@ -155,7 +173,12 @@ impl Hub {
                 );
                 inner.save_counters(&mut fx);
             }
-            hub.commit(fx).await;
+            if !hub.commit(fx).await {
+                anyhow::bail!(
+                    "cannot write the hub's start: {}",
+                    hub.store_failure().unwrap_or_default()
+                );
+            }
         }
         let tasks = tasks::spawn(hub.clone(), rx);
         Ok((hub, tasks))
@@ -194,15 +217,44 @@ impl Hub {
     }
 
     pub async fn send(&self, cmd: Command) -> Result<(), HubError> {
-        self.tx
-            .send(cmd)
-            .await
-            .map_err(|_| HubError::shutting_down())
+        self.tx.send(cmd).await.map_err(|_| self.stopped())
+    }
+
+    /// Why a command got no answer: the applier stopped on a store failure (a replica
+    /// that stepped down: nothing of the request was kept), or the hub is shutting down.
+    pub fn stopped(&self) -> HubError {
+        match self.store_failure() {
+            Some(why) => HubError::Unavailable(format!(
+                "this hub replica stopped writing ({why}); nothing of this request was kept;                  retry: another replica takes over, or this one once its store answers"
+            )),
+            None => HubError::shutting_down(),
+        }
     }
 
     /// The hub's current time.
     pub fn now_ms(&self) -> u64 {
         self.config.clock.now_ms()
+    }
+
+    /// Why the applier stopped on a store failure, if it did.
+    pub fn store_failure(&self) -> Option<String> {
+        self.store_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Ends every spoke session at once, without the applier (which has
+    /// stopped: this replica stepped down). The streams close, so spokes
+    /// redial and find the new leader; nothing is recorded, the new leader
+    /// restores the sessions' state from the store.
+    pub fn close_sessions(&self) {
+        let mut inner = self.lock();
+        for c in inner.clusters.values_mut() {
+            if c.session.session().is_some() {
+                c.session = SpokeState::Disconnected;
+            }
+        }
     }
 }
 

@@ -58,6 +58,7 @@ async fn start_hub(clock: Clock) -> (Arc<Hub>, HubTasks, tempfile::TempDir) {
             spoke_token: None,
             log_limits: crate::logs::LogLimits::default(),
             clock,
+            on_store_failure: Default::default(),
         },
     )
     .await
@@ -87,6 +88,7 @@ impl Core {
             spoke_token: None,
             log_limits: crate::logs::LogLimits::default(),
             clock: Clock::starting_at(T0),
+            on_store_failure: Default::default(),
         };
         let mut core = Core {
             inner,

@@ -65,6 +65,69 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How often one etcd call is tried again when it failed without reaching a member's state
+/// machine (see [`never_applied`]), and the pause between tries: together about 3 s, enough
+/// for the client to move off a dead member and for etcd to elect a new leader (one
+/// election timeout, 1 s by default).
+const UNSENT_RETRIES: u32 = 60;
+const UNSENT_PAUSE: Duration = Duration::from_millis(50);
+
+/// Whether a failed call surely changed nothing: it never left this process (the chosen
+/// member's connection could not be made) or etcd refused it before proposing it (no
+/// leader, or the leader changed). Only these are retried; anything that may have been
+/// applied is reported.
+fn never_applied(e: &etcd_client::Error) -> bool {
+    let text = e.to_string();
+    [
+        "tcp connect error",
+        "Connection refused",
+        "etcdserver: no leader",
+        "etcdserver: leader changed",
+    ]
+    .iter()
+    .any(|m| text.contains(m))
+}
+
+/// Runs `call` until it succeeds, fails in a way that may have changed something, or
+/// [`UNSENT_RETRIES`] are used up. etcd-client balances calls over every endpoint, a dead
+/// member included, so without this a member's loss shows as failed calls.
+async fn unsent_retry<T, F, Fut>(call: F) -> Result<T, etcd_client::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    retry_while(never_applied, call).await
+}
+
+/// Whether a failed write of the leader may be sent again: it never applied, or etcd lost
+/// its own leader while proposing it (it may or may not have been applied). The leader's
+/// fenced txns are the applier's puts and deletes of whole values, written one batch at a
+/// time by the only writer there is, and its resignation (a delete on the term's revision,
+/// a no-op the second time), so applying one twice leaves what applying it once does.
+fn retry_fenced(e: &etcd_client::Error) -> bool {
+    never_applied(e) || e.to_string().contains("etcdserver: request timed out")
+}
+
+async fn retry_while<T, F, Fut>(
+    retryable: fn(&etcd_client::Error) -> bool,
+    mut call: F,
+) -> Result<T, etcd_client::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut left = UNSENT_RETRIES;
+    loop {
+        match call().await {
+            Err(e) if left > 0 && retryable(&e) => {
+                left -= 1;
+                tokio::time::sleep(UNSENT_PAUSE).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// How to reach the etcd cluster.
 #[derive(Debug, Clone)]
 pub struct EtcdOptions {
@@ -239,12 +302,13 @@ impl EtcdStore {
     }
 
     async fn current_rev(&self) -> Result<Rev, StoreError> {
-        let resp = self
-            .client
-            .clone()
-            .get(self.full(""), Some(GetOptions::new().with_count_only()))
-            .await
-            .map_err(io("reading the revision"))?;
+        let key = self.full("");
+        let resp = unsent_retry(|| {
+            let (mut c, key) = (self.client.clone(), key.clone());
+            async move { c.get(key, Some(GetOptions::new().with_count_only())).await }
+        })
+        .await
+        .map_err(io("reading the revision"))?;
         Ok(resp.header().map_or(0, |h| h.revision()) as Rev)
     }
 
@@ -261,12 +325,12 @@ impl EtcdStore {
         if limit != usize::MAX {
             opts = opts.with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
         }
-        let resp = self
-            .client
-            .clone()
-            .get(start, Some(opts))
-            .await
-            .map_err(io("ranging over keys"))?;
+        let resp = unsent_retry(|| {
+            let (mut c, start, opts) = (self.client.clone(), start.clone(), opts.clone());
+            async move { c.get(start, Some(opts)).await }
+        })
+        .await
+        .map_err(io("ranging over keys"))?;
         resp.kvs().iter().map(|kv| self.kv_of(kv)).collect()
     }
 
@@ -338,12 +402,12 @@ impl EtcdStore {
     ) -> Result<TxnResult, StoreError> {
         let fence = self.fence.read().unwrap_or_else(|p| p.into_inner()).clone();
         let Some(fence) = fence else {
-            let resp = self
-                .client
-                .clone()
-                .txn(t)
-                .await
-                .map_err(|e| txn_error(txn, e))?;
+            let resp = unsent_retry(|| {
+                let (mut c, t) = (self.client.clone(), t.clone());
+                async move { c.txn(t).await }
+            })
+            .await
+            .map_err(|e| txn_error(txn, e))?;
             return Ok(TxnResult {
                 succeeded: resp.succeeded(),
                 rev: resp.header().map_or(0, |h| h.revision()) as Rev,
@@ -356,12 +420,12 @@ impl EtcdStore {
                 fence.rev as i64,
             )])
             .and_then(vec![TxnOp::txn(t)]);
-        let resp = self
-            .client
-            .clone()
-            .txn(outer)
-            .await
-            .map_err(|e| txn_error(txn, e))?;
+        let resp = retry_while(retry_fenced, || {
+            let (mut c, t) = (self.client.clone(), outer.clone());
+            async move { c.txn(t).await }
+        })
+        .await
+        .map_err(|e| txn_error(txn, e))?;
         if !resp.succeeded() {
             return Err(StoreError::Fenced { rev: fence.rev });
         }
@@ -422,12 +486,12 @@ impl Store for EtcdStore {
     fn get(&self, key: &str) -> BoxFuture<'_, Result<Option<KeyValue>, StoreError>> {
         let k = self.full(key);
         Box::pin(async move {
-            let resp = self
-                .client
-                .clone()
-                .get(k, None)
-                .await
-                .map_err(io("reading a key"))?;
+            let resp = unsent_retry(|| {
+                let (mut c, k) = (self.client.clone(), k.clone());
+                async move { c.get(k, None).await }
+            })
+            .await
+            .map_err(io("reading a key"))?;
             resp.kvs().first().map(|kv| self.kv_of(kv)).transpose()
         })
     }
@@ -585,12 +649,14 @@ impl Store for EtcdStore {
                 )));
             }
             let ttl_s = ttl_ms.div_ceil(1000) as i64;
-            let resp = self
-                .client
-                .clone()
-                .lease_grant(ttl_s, None)
-                .await
-                .map_err(io("granting a lease"))?;
+            // A grant retried after it was applied leaves a lease nobody keeps alive: it
+            // expires after its TTL.
+            let resp = unsent_retry(|| {
+                let mut c = self.client.clone();
+                async move { c.lease_grant(ttl_s, None).await }
+            })
+            .await
+            .map_err(io("granting a lease"))?;
             Ok(resp.id() as LeaseId)
         })
     }
@@ -604,14 +670,15 @@ impl Store for EtcdStore {
                 }
                 e => io("keeping a lease alive")(e),
             };
-            let (mut keeper, mut stream) = self
-                .client
-                .clone()
-                .lease_keep_alive(id as i64)
-                .await
-                .map_err(not_found)?;
-            keeper.keep_alive().await.map_err(not_found)?;
-            match stream.message().await.map_err(not_found)? {
+            let answer = unsent_retry(|| async {
+                let mut c = self.client.clone();
+                let (mut keeper, mut stream) = c.lease_keep_alive(id as i64).await?;
+                keeper.keep_alive().await?;
+                stream.message().await
+            })
+            .await
+            .map_err(not_found)?;
+            match answer {
                 Some(r) if r.ttl() > 0 => Ok(()),
                 _ => Err(StoreError::LeaseNotFound(id)),
             }
@@ -620,7 +687,12 @@ impl Store for EtcdStore {
 
     fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            match self.client.clone().lease_revoke(id as i64).await {
+            match unsent_retry(|| {
+                let mut c = self.client.clone();
+                async move { c.lease_revoke(id as i64).await }
+            })
+            .await
+            {
                 Ok(_) => Ok(()),
                 Err(e) if e.to_string().contains("requested lease not found") => {
                     Err(StoreError::LeaseNotFound(id))

@@ -13,6 +13,8 @@
 mod etcd_batch;
 mod etcd_store;
 mod json;
+mod location;
+mod migrate;
 mod record;
 mod redb_store;
 
@@ -24,6 +26,8 @@ use tokio::sync::mpsc;
 pub use etcd_batch::{BATCH_PREFIX, MAX_TXN_BYTES, Recovered};
 pub use etcd_store::{EtcdOptions, EtcdStore};
 pub use json::{decode_json, get_json, put_json, put_json_with_lease, range_json};
+pub use location::{MAX_ETCD_ENDPOINTS, StoreLocation};
+pub use migrate::{Migrated, migrate};
 pub use redb_store::{
     DB_FILE_NAME, MAX_BATCH_TXNS, MAX_LEASE_TTL_MS, MAX_LEASES, MAX_WATCHERS, QUEUE_CAPACITY,
     RedbStore, WATCH_CHANNEL_CAPACITY,
