@@ -85,5 +85,5 @@ $bin/axle --hub "$urls" bench submit --jobs "$PENDING" --gpus 1 --gpu-model A100
   | grep -E "submitted=|jobs_per_s" || true
 l=$(leader)
 curl -s "http://127.0.0.1:${ec[0]}/v3/maintenance/status" -X POST -d '{}' \
-  | python3 -c 'import json,sys; s=json.load(sys.stdin); print(f"etcd_db_bytes={s[\"dbSize\"]} in_use={s.get(\"dbSizeInUse\",\"?\")}")'
+  | python3 -c 'import json,sys; s=json.load(sys.stdin); print("etcd_db_bytes=%s in_use=%s" % (s["dbSize"], s.get("dbSizeInUse", "?")))'
 awk '/VmRSS|VmHWM/ {printf "leader_%s=%d MB ", $1, $2/1024} END {print ""}' "/proc/${hub[$l]}/status"

@@ -23,7 +23,7 @@ use std::pin::Pin;
 
 use tokio::sync::mpsc;
 
-pub use etcd_batch::{BATCH_PREFIX, MAX_TXN_BYTES, Recovered};
+pub use etcd_batch::{BATCH_PREFIX, MAX_OPS_PER_CHUNK, MAX_TXN_BYTES, Recovered};
 pub use etcd_store::{EtcdOptions, EtcdStore};
 pub use json::{decode_json, get_json, put_json, put_json_with_lease, range_json};
 pub use location::{MAX_ETCD_ENDPOINTS, StoreLocation};
