@@ -82,6 +82,10 @@ contract!(
     overwriting_a_leased_key_detaches_it,
     limits_reject_bad_requests_without_writing,
     json_helpers_round_trip,
+    ranges_read_a_past_revision_page_by_page,
+    watch_from_a_revision_replays_then_follows,
+    compaction_forgets_older_revisions,
+    a_range_larger_than_one_etcd_response_comes_back_whole,
 );
 
 async fn keys(store: &dyn Store, prefix: &str) -> Vec<String> {
@@ -558,4 +562,156 @@ async fn json_helpers_round_trip(b: Backend) {
         get_json::<JobRecord, _>(store, "jobs/bad").await,
         Err(StoreError::Decode { .. })
     ));
+}
+
+async fn ranges_read_a_past_revision_page_by_page(b: Backend) {
+    let store = &*b.store;
+    put_plain(store, "r/a", "1").await;
+    put_plain(store, "r/b", "1").await;
+    let then = put_plain(store, "r/c", "1").await;
+    put_plain(store, "r/b", "2").await;
+    store
+        .txn(
+            Txn::new()
+                .and_then(Op::delete("r/c"))
+                .and_then(put("r/d", "1"))
+                .and_then(put("r/0", "1")),
+        )
+        .await
+        .unwrap();
+    let now = store.rev().await.unwrap();
+    let show = |kvs: &[KeyValue]| {
+        kvs.iter()
+            .map(|kv| format!("{}={}", kv.key, String::from_utf8_lossy(&kv.value)))
+            .collect::<Vec<_>>()
+    };
+
+    let current = store.range_at("r/", None, 10, None).await.unwrap();
+    assert_eq!(current.rev, now);
+    assert_eq!(show(&current.kvs), ["r/0=1", "r/a=1", "r/b=2", "r/d=1"]);
+    let past = store.range_at("r/", None, 10, Some(then)).await.unwrap();
+    assert_eq!(past.rev, then);
+    assert_eq!(show(&past.kvs), ["r/a=1", "r/b=1", "r/c=1"]);
+    assert_eq!(past.kvs[1].mod_rev, then - 1, "metadata as of then");
+
+    // Pages at the first page's revision show one state, whatever is written meanwhile.
+    let first = store.range_at("r/", None, 2, Some(then)).await.unwrap();
+    put_plain(store, "r/bb", "new").await;
+    store
+        .txn(Txn::new().and_then(Op::delete("r/a")))
+        .await
+        .unwrap();
+    let after = first.kvs.last().map(|kv| kv.key.clone());
+    let second = store
+        .range_at("r/", after.as_deref(), 2, Some(first.rev))
+        .await
+        .unwrap();
+    assert_eq!(show(&first.kvs), ["r/a=1", "r/b=1"]);
+    assert_eq!(show(&second.kvs), ["r/c=1"]);
+
+    let future = store.rev().await.unwrap() + 100;
+    assert!(
+        matches!(
+            store.range_at("r/", None, 10, Some(future)).await,
+            Err(StoreError::FutureRevision { rev, .. }) if rev == future
+        ),
+        "a revision not yet written is refused"
+    );
+}
+
+async fn watch_from_a_revision_replays_then_follows(b: Backend) {
+    let store = &*b.store;
+    put_plain(store, "w/1", "a").await;
+    let from = put_plain(store, "w/2", "b").await;
+    put_plain(store, "other/1", "x").await;
+    let deleted = store
+        .txn(Txn::new().and_then(Op::delete("w/1")))
+        .await
+        .unwrap()
+        .rev;
+    let mut rx = store.watch_from("w/", Some(from)).await.unwrap();
+    let live = put_plain(store, "w/3", "c").await;
+    let seen: Vec<(String, u64)> = [
+        next_event(&mut rx).await,
+        next_event(&mut rx).await,
+        next_event(&mut rx).await,
+    ]
+    .iter()
+    .map(|e| (e.key().to_owned(), e.rev()))
+    .collect();
+    assert_eq!(
+        seen,
+        [
+            ("w/2".to_owned(), from),
+            ("w/1".to_owned(), deleted),
+            ("w/3".to_owned(), live)
+        ]
+    );
+    assert!(rx.try_recv().is_err(), "nothing more");
+
+    // Range at R, then watch from R + 1: every later change, none twice.
+    let page = store.range_at("w/", None, 100, None).await.unwrap();
+    put_plain(store, "w/4", "d").await;
+    let mut rx = store.watch_from("w/", Some(page.rev + 1)).await.unwrap();
+    assert_eq!(next_event(&mut rx).await.key(), "w/4");
+
+    // From a revision not written yet: its changes, not those before it.
+    let ahead = store.rev().await.unwrap() + 2;
+    let mut rx = store.watch_from("w/", Some(ahead)).await.unwrap();
+    put_plain(store, "w/5", "skipped").await;
+    let at = put_plain(store, "w/6", "seen").await;
+    assert_eq!(at, ahead);
+    let e = next_event(&mut rx).await;
+    assert_eq!((e.key(), e.rev()), ("w/6", ahead));
+}
+
+async fn compaction_forgets_older_revisions(b: Backend) {
+    let store = &*b.store;
+    let old = put_plain(store, "c/a", "1").await;
+    put_plain(store, "c/a", "2").await;
+    let kept = put_plain(store, "c/b", "1").await;
+    let last = put_plain(store, "c/c", "1").await;
+    store.compact(kept).await.unwrap();
+    assert!(matches!(
+        store.range_at("c/", None, 10, Some(old)).await,
+        Err(StoreError::Compacted { rev }) if rev == old
+    ));
+    assert!(matches!(
+        store.watch_from("c/", Some(old)).await,
+        Err(StoreError::Compacted { .. })
+    ));
+    // After the compacted revision everything is still there.
+    let at_kept = store.range_at("c/", None, 10, Some(kept)).await.unwrap();
+    assert_eq!(at_kept.kvs.len(), 2);
+    let mut rx = store.watch_from("c/", Some(kept + 1)).await.unwrap();
+    assert_eq!(next_event(&mut rx).await.rev(), last);
+    // Compacting again at or before is no error; past the end is.
+    store.compact(old).await.unwrap();
+    assert!(matches!(
+        store.compact(last + 100).await,
+        Err(StoreError::FutureRevision { .. })
+    ));
+}
+
+async fn a_range_larger_than_one_etcd_response_comes_back_whole(b: Backend) {
+    // 48 values of 128 KiB: 6 MiB, above gRPC's default 4 MiB message. A hub with ~6,000
+    // workload records needs such a range to restore.
+    let store = &*b.store;
+    let value = vec![b'v'; 128 * 1024];
+    let txns = (0..48)
+        .map(|i| Txn::new().and_then(Op::put(format!("big/{i:02}"), value.clone())))
+        .collect();
+    assert!(store.txn_many(txns).await.iter().all(|r| r.is_ok()));
+    let all = store.range("big/").await.unwrap();
+    assert_eq!(all.len(), 48);
+    assert!(all.iter().all(|kv| kv.value.len() == value.len()));
+    assert_eq!(store.range_tail("big/", 40).await.unwrap().len(), 40);
+    assert_eq!(
+        store
+            .range_page("big/", Some("big/09"), 100)
+            .await
+            .unwrap()
+            .len(),
+        38
+    );
 }

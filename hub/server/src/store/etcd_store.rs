@@ -42,15 +42,25 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, CompareOp, ConnectOptions, EventType, GetOptions, Identity, PutOptions,
-    SortOrder, SortTarget, TlsOptions, TxnOp, WatchOptions,
+    Certificate, Client, CompareOp, ConnectOptions, EventType, GetOptions, Identity, KvClient,
+    PutOptions, SortOrder, SortTarget, TlsOptions, TxnOp, WatchClient, WatchOptions,
 };
 use tokio::sync::mpsc;
 
 use super::{
-    BoxFuture, Compare, KeyValue, LeaseId, MAX_LEASE_TTL_MS, MAX_WATCHERS, Op, Rev, Store,
+    BoxFuture, Compare, KeyValue, LeaseId, MAX_LEASE_TTL_MS, MAX_WATCHERS, Op, Page, Rev, Store,
     StoreError, Txn, TxnResult, WATCH_CHANNEL_CAPACITY, WatchEvent,
 };
+
+/// Largest etcd response this store accepts (gRPC's default is 4 MiB, which ~6,000 workload
+/// records exceed: a hub could not restore from a range answered in one message). Ranges
+/// are read in chunks of [`RANGE_CHUNK_KEYS`]; 64 MiB holds a chunk of records of ~64 KiB
+/// each, and a chunk that is larger is read again in halves.
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Keys one etcd range call asks for: a range over more keys is several calls at one
+/// revision, so it shows one state however large it is.
+pub const RANGE_CHUNK_KEYS: usize = 1024;
 
 /// Time to connect to an etcd member: members are in the same region as the hub; beyond a few
 /// seconds the member is down and the client tries the next endpoint.
@@ -156,6 +166,10 @@ impl EtcdOptions {
 /// See the module documentation.
 pub struct EtcdStore {
     pub(super) client: Client,
+    /// Reads and txns, accepting responses up to [`MAX_RESPONSE_BYTES`].
+    kv: KvClient,
+    /// Watches, likewise (a watch from a past revision replays in large responses).
+    watch: WatchClient,
     pub(super) prefix: String,
     /// Open watches (each a task and an etcd stream), at most [`MAX_WATCHERS`].
     watchers: Arc<AtomicUsize>,
@@ -246,6 +260,12 @@ impl EtcdStore {
             .await
             .map_err(io("connecting to etcd"))?;
         let store = EtcdStore {
+            kv: client
+                .kv_client()
+                .max_decoding_message_size(MAX_RESPONSE_BYTES),
+            watch: client
+                .watch_client()
+                .max_decoding_message_size(MAX_RESPONSE_BYTES),
             client,
             prefix: o.prefix,
             watchers: Arc::default(),
@@ -304,7 +324,7 @@ impl EtcdStore {
     async fn current_rev(&self) -> Result<Rev, StoreError> {
         let key = self.full("");
         let resp = unsent_retry(|| {
-            let (mut c, key) = (self.client.clone(), key.clone());
+            let (mut c, key) = (self.kv.clone(), key.clone());
             async move { c.get(key, Some(GetOptions::new().with_count_only())).await }
         })
         .await
@@ -312,26 +332,63 @@ impl EtcdStore {
         Ok(resp.header().map_or(0, |h| h.revision()) as Rev)
     }
 
+    /// Up to `limit` keys in `[start, end)`, in `order`, at revision `rev` (the current one
+    /// when `None`), read in chunks at one revision; returns the revision read.
     async fn range_opts(
         &self,
-        start: Vec<u8>,
-        end: Vec<u8>,
+        mut start: Vec<u8>,
+        mut end: Vec<u8>,
         limit: usize,
         order: SortOrder,
-    ) -> Result<Vec<KeyValue>, StoreError> {
-        let mut opts = GetOptions::new()
-            .with_range(end)
-            .with_sort(SortTarget::Key, order);
-        if limit != usize::MAX {
-            opts = opts.with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        rev: Option<Rev>,
+    ) -> Result<Page, StoreError> {
+        let mut out = Vec::new();
+        let mut at = rev;
+        let mut chunk = RANGE_CHUNK_KEYS;
+        while out.len() < limit {
+            let want = chunk.min(limit - out.len());
+            let mut opts = GetOptions::new()
+                .with_range(end.clone())
+                .with_sort(SortTarget::Key, order)
+                .with_limit(i64::try_from(want).unwrap_or(i64::MAX));
+            if let Some(r) = at {
+                opts = opts.with_revision(i64::try_from(r).unwrap_or(i64::MAX));
+            }
+            let resp = unsent_retry(|| {
+                let (mut c, start, opts) = (self.kv.clone(), start.clone(), opts.clone());
+                async move { c.get(start, Some(opts)).await }
+            })
+            .await;
+            let resp = match resp {
+                Ok(r) => r,
+                Err(e) if too_large(&e) && chunk > 1 => {
+                    chunk /= 2;
+                    continue;
+                }
+                Err(e) => return Err(revision_error(e, at, "ranging over keys")),
+            };
+            let read_at = resp.header().map_or(0, |h| h.revision()) as Rev;
+            let at = *at.get_or_insert(read_at);
+            let kvs = resp.kvs();
+            for kv in kvs {
+                out.push(self.kv_of(kv)?);
+            }
+            match kvs.last() {
+                Some(last) if resp.more() => match order {
+                    SortOrder::Ascend => {
+                        start = last.key().to_vec();
+                        start.push(0);
+                    }
+                    _ => end = last.key().to_vec(),
+                },
+                _ => return Ok(Page { kvs: out, rev: at }),
+            }
         }
-        let resp = unsent_retry(|| {
-            let (mut c, start, opts) = (self.client.clone(), start.clone(), opts.clone());
-            async move { c.get(start, Some(opts)).await }
-        })
-        .await
-        .map_err(io("ranging over keys"))?;
-        resp.kvs().iter().map(|kv| self.kv_of(kv)).collect()
+        let rev = match at {
+            Some(r) => r,
+            None => self.current_rev().await?,
+        };
+        Ok(Page { kvs: out, rev })
     }
 
     fn etcd_txn(&self, txn: &Txn) -> etcd_client::Txn {
@@ -403,7 +460,7 @@ impl EtcdStore {
         let fence = self.fence.read().unwrap_or_else(|p| p.into_inner()).clone();
         let Some(fence) = fence else {
             let resp = unsent_retry(|| {
-                let (mut c, t) = (self.client.clone(), t.clone());
+                let (mut c, t) = (self.kv.clone(), t.clone());
                 async move { c.txn(t).await }
             })
             .await
@@ -421,7 +478,7 @@ impl EtcdStore {
             )])
             .and_then(vec![TxnOp::txn(t)]);
         let resp = retry_while(retry_fenced, || {
-            let (mut c, t) = (self.client.clone(), outer.clone());
+            let (mut c, t) = (self.kv.clone(), outer.clone());
             async move { c.txn(t).await }
         })
         .await
@@ -462,6 +519,25 @@ impl Drop for WatchSlot {
 }
 
 /// A txn refused for a lease names the lease; anything else is the backend's failure.
+/// Whether a response was refused for its size ([`MAX_RESPONSE_BYTES`]).
+fn too_large(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("message length too large")
+}
+
+/// A read at a revision etcd no longer has, or does not have yet; anything else is I/O.
+fn revision_error(e: etcd_client::Error, rev: Option<Rev>, context: &'static str) -> StoreError {
+    let text = e.to_string();
+    match rev {
+        Some(rev) if text.contains("required revision has been compacted") => {
+            StoreError::Compacted { rev }
+        }
+        Some(rev) if text.contains("required revision is a future revision") => {
+            StoreError::FutureRevision { rev, current: 0 }
+        }
+        _ => io(context)(e),
+    }
+}
+
 fn txn_error(txn: &Txn, e: etcd_client::Error) -> StoreError {
     let text = e.to_string();
     if text.contains("requested lease not found") {
@@ -487,7 +563,7 @@ impl Store for EtcdStore {
         let k = self.full(key);
         Box::pin(async move {
             let resp = unsent_retry(|| {
-                let (mut c, k) = (self.client.clone(), k.clone());
+                let (mut c, k) = (self.kv.clone(), k.clone());
                 async move { c.get(k, None).await }
             })
             .await
@@ -496,12 +572,13 @@ impl Store for EtcdStore {
         })
     }
 
-    fn range_page(
+    fn range_at(
         &self,
         prefix: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<KeyValue>, StoreError>> {
+        rev: Option<Rev>,
+    ) -> BoxFuture<'_, Result<Page, StoreError>> {
         let p = self.full(prefix);
         let end = prefix_end(&p);
         let start = match after {
@@ -513,10 +590,18 @@ impl Store for EtcdStore {
             _ => p,
         };
         Box::pin(async move {
-            if limit == 0 {
-                return Ok(Vec::new());
+            let mut page = self
+                .range_opts(start, end, limit, SortOrder::Ascend, rev)
+                .await?;
+            if let (Some(rev), true) = (rev, page.kvs.is_empty()) {
+                // etcd answers an empty range at a future revision without complaint.
+                let current = self.current_rev().await?;
+                if rev > current {
+                    return Err(StoreError::FutureRevision { rev, current });
+                }
+                page.rev = rev;
             }
-            self.range_opts(start, end, limit, SortOrder::Ascend).await
+            Ok(page)
         })
     }
 
@@ -531,7 +616,10 @@ impl Store for EtcdStore {
             if limit == 0 {
                 return Ok(Vec::new());
             }
-            let mut out = self.range_opts(p, end, limit, SortOrder::Descend).await?;
+            let mut out = self
+                .range_opts(p, end, limit, SortOrder::Descend, None)
+                .await?
+                .kvs;
             out.reverse();
             Ok(out)
         })
@@ -577,17 +665,32 @@ impl Store for EtcdStore {
         })
     }
 
-    fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<mpsc::Receiver<WatchEvent>, StoreError>> {
+    fn watch_from(
+        &self,
+        prefix: &str,
+        start: Option<Rev>,
+    ) -> BoxFuture<'_, Result<mpsc::Receiver<WatchEvent>, StoreError>> {
         let p = self.full(prefix);
         Box::pin(async move {
             // Counted from here; the count drops when the watch's task ends
             // (or if it is never started).
             let slot = WatchSlot::take(&self.watchers)?;
             let end = prefix_end(&p);
+            let mut opts = WatchOptions::new().with_range(end.clone());
+            if let Some(start) = start {
+                // etcd reports a compacted start only inside the stream, after confirming
+                // the watch; a read at that revision answers at once.
+                let current = self.current_rev().await?;
+                if start <= current {
+                    self.range_opts(p.clone(), end.clone(), 1, SortOrder::Ascend, Some(start))
+                        .await?;
+                }
+                opts = opts.with_start_revision(i64::try_from(start).unwrap_or(i64::MAX));
+            }
             let mut stream = self
-                .client
+                .watch
                 .clone()
-                .watch(p, Some(WatchOptions::new().with_range(end)))
+                .watch(p, Some(opts))
                 .await
                 .map_err(io("creating a watch"))?;
             // The first answer confirms the watch: from here on no commit is missed.
@@ -638,6 +741,34 @@ impl Store for EtcdStore {
                 }
             });
             Ok(rx)
+        })
+    }
+
+    fn compact(&self, rev: Rev) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let r = i64::try_from(rev).unwrap_or(i64::MAX);
+            let resp = unsent_retry(|| {
+                let mut c = self.kv.clone();
+                async move { c.compact(r, None).await }
+            })
+            .await;
+            match resp {
+                Ok(_) => Ok(()),
+                // Compacting again at or before the last compaction is a no-op.
+                Err(e)
+                    if e.to_string()
+                        .contains("required revision has been compacted") =>
+                {
+                    Ok(())
+                }
+                Err(e) if e.to_string().contains("future revision") => {
+                    Err(StoreError::FutureRevision {
+                        rev,
+                        current: self.current_rev().await?,
+                    })
+                }
+                Err(e) => Err(io("compacting")(e)),
+            }
         })
     }
 

@@ -12,11 +12,13 @@
 
 mod etcd_batch;
 mod etcd_store;
+mod history;
 mod json;
 mod location;
 mod migrate;
 mod record;
 mod redb_store;
+mod snapshot;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,7 +26,8 @@ use std::pin::Pin;
 use tokio::sync::mpsc;
 
 pub use etcd_batch::{BATCH_PREFIX, MAX_OPS_PER_CHUNK, MAX_TXN_BYTES, Recovered};
-pub use etcd_store::{EtcdOptions, EtcdStore};
+pub use etcd_store::{EtcdOptions, EtcdStore, MAX_RESPONSE_BYTES, RANGE_CHUNK_KEYS};
+pub use history::{MAX_HISTORY_BYTES, MAX_HISTORY_CHANGES};
 pub use json::{decode_json, get_json, put_json, put_json_with_lease, range_json};
 pub use location::{MAX_ETCD_ENDPOINTS, StoreLocation};
 pub use migrate::{Migrated, migrate};
@@ -32,6 +35,7 @@ pub use redb_store::{
     DB_FILE_NAME, MAX_BATCH_TXNS, MAX_LEASE_TTL_MS, MAX_LEASES, MAX_WATCHERS, QUEUE_CAPACITY,
     RedbStore, WATCH_CHANNEL_CAPACITY,
 };
+pub use snapshot::Snapshot;
 
 /// Store-wide revision. Every committed txn that changes at least one key takes the next
 /// revision, and all its changes carry it (like etcd's `mod_revision`). Revision 0 means "nothing
@@ -223,6 +227,15 @@ fn validate_key(key: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Keys of a range read at one revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    pub kvs: Vec<KeyValue>,
+    /// The revision the keys were read at: pass it to the next page's
+    /// [`Store::range_at`] so every page shows one state.
+    pub rev: Rev,
+}
+
 /// The outcome of a txn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TxnResult {
@@ -277,6 +290,15 @@ pub enum StoreError {
     /// The lease does not exist, has expired or was revoked.
     #[error("lease {0} not found (expired, revoked or never granted)")]
     LeaseNotFound(LeaseId),
+    /// The revision was compacted away: its state and its changes are no longer kept. Read at
+    /// the current revision (re-list) and watch from there.
+    #[error(
+        "revision {rev} is compacted (its changes are no longer kept); re-list at the current revision"
+    )]
+    Compacted { rev: Rev },
+    /// The revision is newer than anything committed.
+    #[error("revision {rev} is in the future (the store is at revision {current})")]
+    FutureRevision { rev: Rev, current: Rev },
     /// The request breaks a limit or is malformed. Nothing was written.
     #[error("invalid store request: {0}")]
     InvalidRequest(String),
@@ -309,8 +331,9 @@ pub trait Store: Send + Sync + 'static {
     /// The current value of a key. Reads see only durable commits.
     fn get(&self, key: &str) -> BoxFuture<'_, Result<Option<KeyValue>, StoreError>>;
 
-    /// All keys starting with `prefix`, sorted by key. The result is unbounded: callers range over
-    /// prefixes whose size the hub's admission limits already bound.
+    /// All keys starting with `prefix`, sorted by key, as of one revision. The result is
+    /// unbounded: callers range over prefixes whose size the hub's admission limits already
+    /// bound (a backend reads it in chunks if it must, at one revision).
     fn range(&self, prefix: &str) -> BoxFuture<'_, Result<Vec<KeyValue>, StoreError>> {
         self.range_page(prefix, None, usize::MAX)
     }
@@ -322,7 +345,23 @@ pub trait Store: Send + Sync + 'static {
         prefix: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<KeyValue>, StoreError>>;
+    ) -> BoxFuture<'_, Result<Vec<KeyValue>, StoreError>> {
+        let fut = self.range_at(prefix, after, limit, None);
+        Box::pin(async move { fut.await.map(|page| page.kvs) })
+    }
+
+    /// Like [`Store::range_page`], as of revision `rev` (the current one when `None`), and
+    /// says which revision it read: a paginated read whose pages all show one state passes
+    /// the first page's revision to the next ones. A revision older than the store keeps
+    /// fails with [`StoreError::Compacted`], one not yet committed with
+    /// [`StoreError::FutureRevision`].
+    fn range_at(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        rev: Option<Rev>,
+    ) -> BoxFuture<'_, Result<Page, StoreError>>;
 
     /// The last `limit` keys starting with `prefix`, sorted by key.
     fn range_tail(
@@ -351,7 +390,25 @@ pub trait Store: Send + Sync + 'static {
     /// order. A watcher that falls [`WATCH_CHANNEL_CAPACITY`] events behind is dropped: its
     /// receiver then ends, and the consumer must re-list with [`Store::range`] and watch again
     /// (watch first, then range, so no change falls in between).
-    fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<mpsc::Receiver<WatchEvent>, StoreError>>;
+    fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<mpsc::Receiver<WatchEvent>, StoreError>> {
+        self.watch_from(prefix, None)
+    }
+
+    /// Like [`Store::watch`], starting at revision `start`: the changes committed at `start`
+    /// and after are delivered first (in commit order), then the new ones, so range at `R`
+    /// then watch from `R + 1` misses nothing. `None` starts at the next commit; a revision
+    /// not yet committed, at that revision. A start whose changes are compacted away fails with
+    /// [`StoreError::Compacted`].
+    fn watch_from(
+        &self,
+        prefix: &str,
+        start: Option<Rev>,
+    ) -> BoxFuture<'_, Result<mpsc::Receiver<WatchEvent>, StoreError>>;
+
+    /// Forgets the changes at and before `rev`: reads at older revisions and watches from
+    /// them fail with [`StoreError::Compacted`] from then on. Bounds the history a backend
+    /// keeps (etcd keeps every revision until compacted).
+    fn compact(&self, rev: Rev) -> BoxFuture<'_, Result<(), StoreError>>;
 
     /// Grants a lease that expires `ttl_ms` after the grant unless kept alive.
     fn lease_grant(&self, ttl_ms: u64) -> BoxFuture<'_, Result<LeaseId, StoreError>>;

@@ -39,8 +39,11 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::history::{Change, History};
 use super::record;
-use super::{BoxFuture, KeyValue, LeaseId, Op, Rev, Store, StoreError, Txn, TxnResult, WatchEvent};
+use super::{
+    BoxFuture, KeyValue, LeaseId, Op, Page, Rev, Store, StoreError, Txn, TxnResult, WatchEvent,
+};
 
 /// redb's page cache. Its default (1 GiB) would let the cache alone pass
 /// the hub's 300 MB memory budget; recent records are what the hub reads
@@ -109,7 +112,9 @@ pub struct RedbStore {
 struct Shared {
     db: Database,
     leases: Mutex<HashMap<LeaseId, LeaseState>>,
-    watchers: Mutex<Vec<Watcher>>,
+    watchers: Mutex<Watchers>,
+    /// Recent changes, for reads at a past revision and watches from one.
+    history: Mutex<History>,
     commits: AtomicU64,
     rev: AtomicU64,
 }
@@ -138,7 +143,15 @@ impl LeaseState {
 
 struct Watcher {
     prefix: String,
+    /// Only changes at this revision or later are sent (a watch from a future revision).
+    from: Rev,
     events: mpsc::Sender<WatchEvent>,
+}
+
+/// The open watches and the last revision published to them.
+struct Watchers {
+    list: Vec<Watcher>,
+    published: Rev,
 }
 
 /// A write for the writer thread. `now` is read by the caller, on its runtime's clock.
@@ -237,7 +250,11 @@ impl RedbStore {
         let shared = Arc::new(Shared {
             db,
             leases: Mutex::new(leases),
-            watchers: Mutex::new(Vec::new()),
+            watchers: Mutex::new(Watchers {
+                list: Vec::new(),
+                published: rev,
+            }),
+            history: Mutex::new(History::new(rev)),
             commits: AtomicU64::new(0),
             rev: AtomicU64::new(rev),
         });
@@ -431,6 +448,12 @@ fn lease_index_prefix(id: LeaseId) -> String {
     format!("{id:016x}/")
 }
 
+/// The state a write replaced, for the history. A record that does not decode (damaged) is
+/// kept as absent: the history then shows it as it reads, not as it was.
+fn prev_of(key: &str, bytes: &[u8]) -> Option<KeyValue> {
+    record::decode(key, bytes).ok().map(|rec| kv_of(key, rec))
+}
+
 fn kv_of(key: &str, rec: record::Record) -> KeyValue {
     KeyValue {
         key: key.to_owned(),
@@ -482,7 +505,8 @@ struct Batch {
     next_lease: LeaseId,
     /// Whether anything was written (otherwise nothing is committed).
     dirty: bool,
-    events: Vec<WatchEvent>,
+    /// The batch's changes with the values they replace, in commit order.
+    changes: Vec<Change>,
     granted: Vec<(LeaseId, u64, Instant)>,
     /// Leases deleted in this batch, marked `revoking` in the lease map.
     ended: Vec<LeaseId>,
@@ -532,7 +556,7 @@ impl Writer {
             rev: self.rev,
             next_lease: self.next_lease,
             dirty: false,
-            events: Vec::new(),
+            changes: Vec::new(),
             granted: Vec::new(),
             ended: Vec::new(),
         };
@@ -553,8 +577,9 @@ impl Writer {
                 if !batch.granted.is_empty() {
                     self.reaper_wake.notify_one();
                 }
+                lock(&self.shared.history).trim(batch.rev);
                 // Events first: a caller that sees its txn resolve finds its events queued.
-                self.publish(&batch.events);
+                self.publish(&batch.changes, batch.rev);
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
                     // A caller that gave up waiting is not an error.
                     let _ = reply.send(outcome);
@@ -562,6 +587,7 @@ impl Writer {
             }
             Err(e) => {
                 tracing::error!(error = %e, "group commit failed; nothing in it was written");
+                lock(&self.shared.history).rollback(self.rev);
                 let mut leases = lock(&self.shared.leases);
                 for id in &batch.ended {
                     if let Some(lease) = leases.get_mut(id) {
@@ -638,6 +664,9 @@ impl Writer {
             }
         }
         if batch.dirty {
+            // Before the commit is visible: a reader's snapshot never shows a change the
+            // history lacks (see `history.rs`).
+            lock(&self.shared.history).append(batch.changes.iter().cloned());
             wtx.commit().ctx("committing a group commit")?;
             self.shared.commits.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -710,10 +739,14 @@ impl Writer {
                 .ctx("reading a leased key")?
                 .is_some_and(|bytes| stored_lease(key, bytes.value()) == Some(id));
             if owned {
-                tables.kv.remove(key).ctx("deleting a leased key")?;
-                batch.events.push(WatchEvent::Delete {
-                    key: key.to_owned(),
-                    rev,
+                let old = tables.kv.remove(key).ctx("deleting a leased key")?;
+                let prev = old.and_then(|old| prev_of(key, old.value()));
+                batch.changes.push(Change {
+                    event: WatchEvent::Delete {
+                        key: key.to_owned(),
+                        rev,
+                    },
+                    prev,
                 });
                 deleted_any = true;
             }
@@ -781,11 +814,12 @@ impl Writer {
                         lease,
                     };
                     let bytes = record::encode(&header, &value);
-                    let old_lease = tables
+                    let prev = tables
                         .kv
                         .insert(key.as_str(), bytes.as_slice())
                         .ctx("writing a key")?
-                        .and_then(|old| stored_lease(&key, old.value()));
+                        .map(|old| (stored_lease(&key, old.value()), prev_of(&key, old.value())));
+                    let (old_lease, prev) = prev.unwrap_or_default();
                     if old_lease != lease {
                         if let Some(old) = old_lease {
                             tables
@@ -800,14 +834,17 @@ impl Writer {
                                 .ctx("writing a lease index entry")?;
                         }
                     }
-                    batch.events.push(WatchEvent::Put(KeyValue {
-                        key,
-                        value,
-                        mod_rev: rev,
-                        create_rev,
-                        version,
-                        lease,
-                    }));
+                    batch.changes.push(Change {
+                        event: WatchEvent::Put(KeyValue {
+                            key,
+                            value,
+                            mod_rev: rev,
+                            create_rev,
+                            version,
+                            lease,
+                        }),
+                        prev,
+                    });
                     changed = true;
                 }
                 Op::Delete { key } => {
@@ -815,15 +852,18 @@ impl Writer {
                         .kv
                         .remove(key.as_str())
                         .ctx("deleting a key")?
-                        .map(|old| stored_lease(&key, old.value()));
-                    if let Some(old_lease) = removed {
+                        .map(|old| (stored_lease(&key, old.value()), prev_of(&key, old.value())));
+                    if let Some((old_lease, prev)) = removed {
                         if let Some(old) = old_lease {
                             tables
                                 .lease_keys
                                 .remove(lease_index_key(old, &key).as_str())
                                 .ctx("removing a lease index entry")?;
                         }
-                        batch.events.push(WatchEvent::Delete { key, rev });
+                        batch.changes.push(Change {
+                            event: WatchEvent::Delete { key, rev },
+                            prev,
+                        });
                         changed = true;
                     }
                 }
@@ -879,15 +919,17 @@ impl Writer {
     }
 
     /// Sends a durable batch's events to the watchers of their prefixes, in commit order.
-    fn publish(&self, events: &[WatchEvent]) {
+    fn publish(&self, changes: &[Change], rev: Rev) {
         let mut watchers = lock(&self.shared.watchers);
-        watchers.retain(|watcher| {
+        watchers.published = rev;
+        watchers.list.retain(|watcher| {
             if watcher.events.is_closed() {
                 return false;
             }
-            for event in events
+            for event in changes
                 .iter()
-                .filter(|e| e.key().starts_with(&watcher.prefix))
+                .map(|c| &c.event)
+                .filter(|e| e.rev() >= watcher.from && e.key().starts_with(&watcher.prefix))
             {
                 match watcher.events.try_send(event.clone()) {
                     Ok(()) => {}
@@ -949,20 +991,54 @@ impl RedbStore {
         self.decode_kv(key, bytes.value(), Instant::now())
     }
 
-    fn range_page_now(
+    /// A page as of `rev` (see `history.rs`): the snapshot, with every key that changed
+    /// after `rev` put back as it was then.
+    fn range_at_now(
         &self,
         prefix: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<KeyValue>, StoreError> {
+        rev: Option<Rev>,
+    ) -> Result<Page, StoreError> {
+        // A read at the current revision can only find it compacted if the history was
+        // trimmed between reading the revision and taking the snapshot: read again.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.range_at_once(prefix, after, limit, rev) {
+                Err(StoreError::Compacted { .. }) if rev.is_none() && tries < 3 => continue,
+                r => return r,
+            }
+        }
+    }
+
+    fn range_at_once(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        rev: Option<Rev>,
+    ) -> Result<Page, StoreError> {
+        let current = self.shared.rev.load(Ordering::Acquire);
+        let at = rev.unwrap_or(current);
+        if at > current {
+            return Err(StoreError::FutureRevision { rev: at, current });
+        }
         let read = self.shared.db.begin_read().ctx("beginning a read")?;
         let table = read.open_table(KV).ctx("opening the kv table")?;
+        let since = lock(&self.shared.history).state_at(prefix, after, at)?;
         let now = Instant::now();
         let start = match after {
             Some(a) if a >= prefix => std::ops::Bound::Excluded(a),
             _ => std::ops::Bound::Included(prefix),
         };
         let mut out = Vec::new();
+        let mut since = since.into_iter().peekable();
+        let take = |kv: Option<KeyValue>, out: &mut Vec<KeyValue>| {
+            if let Some(kv) = kv.filter(|kv| self.shared.lease_live(kv.lease, now)) {
+                out.push(kv);
+            }
+        };
         let range = table
             .range::<&str>((start, std::ops::Bound::Unbounded))
             .ctx("ranging over keys")?;
@@ -975,11 +1051,31 @@ impl RedbStore {
             if !key.starts_with(prefix) {
                 break;
             }
-            if let Some(kv) = self.decode_kv(key, bytes.value(), now)? {
-                out.push(kv);
+            // Keys that existed at `at` and are gone from the snapshot come back in order.
+            while out.len() < limit
+                && let Some((_, then)) = since.next_if(|(k, _)| k.as_str() < key)
+            {
+                take(then, &mut out);
+            }
+            if out.len() >= limit {
+                break;
+            }
+            match since.next_if(|(k, _)| k == key) {
+                Some((_, then)) => take(then, &mut out),
+                None => {
+                    if let Some(kv) = self.decode_kv(key, bytes.value(), now)? {
+                        out.push(kv);
+                    }
+                }
             }
         }
-        Ok(out)
+        for (_, then) in since {
+            if out.len() >= limit {
+                break;
+            }
+            take(then, &mut out);
+        }
+        Ok(Page { kvs: out, rev: at })
     }
 
     fn range_tail_now(&self, prefix: &str, limit: usize) -> Result<Vec<KeyValue>, StoreError> {
@@ -1010,21 +1106,46 @@ impl RedbStore {
         Ok(out)
     }
 
-    fn watch_now(&self, prefix: &str) -> Result<mpsc::Receiver<WatchEvent>, StoreError> {
+    fn watch_now(
+        &self,
+        prefix: &str,
+        start: Option<Rev>,
+    ) -> Result<mpsc::Receiver<WatchEvent>, StoreError> {
         if self.requests.is_none() {
             return Err(StoreError::Closed);
         }
+        // Under the watchers' lock nothing is published: the backlog (from the history)
+        // and the live events (from `publish`) meet at `published` without a gap.
         let mut watchers = lock(&self.shared.watchers);
-        watchers.retain(|w| !w.events.is_closed());
-        if watchers.len() >= MAX_WATCHERS {
+        watchers.list.retain(|w| !w.events.is_closed());
+        if watchers.list.len() >= MAX_WATCHERS {
             return Err(StoreError::TooManyWatchers(MAX_WATCHERS));
         }
-        let (events, receiver) = mpsc::channel(WATCH_CHANNEL_CAPACITY);
-        watchers.push(Watcher {
+        let published = watchers.published;
+        let backlog = match start {
+            Some(s) if s <= published => lock(&self.shared.history).replay(prefix, s, published)?,
+            _ => Vec::new(),
+        };
+        let (events, receiver) = mpsc::channel(WATCH_CHANNEL_CAPACITY + backlog.len());
+        for event in backlog {
+            // Cannot fail: the channel has room for the whole backlog.
+            let _ = events.try_send(event);
+        }
+        watchers.list.push(Watcher {
             prefix: prefix.to_owned(),
+            from: start.unwrap_or(0).max(published + 1),
             events,
         });
         Ok(receiver)
+    }
+
+    fn compact_now(&self, rev: Rev) -> Result<(), StoreError> {
+        let current = self.shared.rev.load(Ordering::Acquire);
+        if rev > current {
+            return Err(StoreError::FutureRevision { rev, current });
+        }
+        lock(&self.shared.history).compact(rev);
+        Ok(())
     }
 }
 
@@ -1033,14 +1154,15 @@ impl Store for RedbStore {
         Box::pin(std::future::ready(self.get_now(key)))
     }
 
-    fn range_page(
+    fn range_at(
         &self,
         prefix: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<KeyValue>, StoreError>> {
+        rev: Option<Rev>,
+    ) -> BoxFuture<'_, Result<Page, StoreError>> {
         Box::pin(std::future::ready(
-            self.range_page_now(prefix, after, limit),
+            self.range_at_now(prefix, after, limit, rev),
         ))
     }
 
@@ -1059,8 +1181,16 @@ impl Store for RedbStore {
             .load(Ordering::Acquire))))
     }
 
-    fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<mpsc::Receiver<WatchEvent>, StoreError>> {
-        Box::pin(std::future::ready(self.watch_now(prefix)))
+    fn watch_from(
+        &self,
+        prefix: &str,
+        start: Option<Rev>,
+    ) -> BoxFuture<'_, Result<mpsc::Receiver<WatchEvent>, StoreError>> {
+        Box::pin(std::future::ready(self.watch_now(prefix, start)))
+    }
+
+    fn compact(&self, rev: Rev) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(std::future::ready(self.compact_now(rev)))
     }
 
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, StoreError>> {
