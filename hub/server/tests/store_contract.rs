@@ -617,6 +617,13 @@ async fn ranges_read_a_past_revision_page_by_page(b: Backend) {
         ),
         "a revision not yet written is refused"
     );
+    assert!(
+        matches!(
+            store.range_at("none/", None, 10, Some(future)).await,
+            Err(StoreError::FutureRevision { rev, current }) if rev == future && current + 100 == future
+        ),
+        "also where the range is empty, with the current revision"
+    );
 }
 
 async fn watch_from_a_revision_replays_then_follows(b: Backend) {

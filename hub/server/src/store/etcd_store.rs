@@ -342,6 +342,17 @@ impl EtcdStore {
         order: SortOrder,
         rev: Option<Rev>,
     ) -> Result<Page, StoreError> {
+        if limit == 0 {
+            // Nothing to read: answer for the revision as a read would.
+            let current = self.current_rev().await?;
+            return match rev {
+                Some(rev) if rev > current => Err(StoreError::FutureRevision { rev, current }),
+                rev => Ok(Page {
+                    kvs: Vec::new(),
+                    rev: rev.unwrap_or(current),
+                }),
+            };
+        }
         let mut out = Vec::new();
         let mut at = rev;
         let mut chunk = RANGE_CHUNK_KEYS;
@@ -365,10 +376,15 @@ impl EtcdStore {
                     chunk /= 2;
                     continue;
                 }
-                Err(e) => return Err(revision_error(e, at, "ranging over keys")),
+                Err(e) => {
+                    return Err(match at {
+                        Some(rev) => self.revision_error(e, rev, "ranging over keys").await,
+                        None => io("ranging over keys")(e),
+                    });
+                }
             };
             let read_at = resp.header().map_or(0, |h| h.revision()) as Rev;
-            let at = *at.get_or_insert(read_at);
+            let read_at = *at.get_or_insert(read_at);
             let kvs = resp.kvs();
             for kv in kvs {
                 out.push(self.kv_of(kv)?);
@@ -381,14 +397,40 @@ impl EtcdStore {
                     }
                     _ => end = last.key().to_vec(),
                 },
-                _ => return Ok(Page { kvs: out, rev: at }),
+                _ => {
+                    return Ok(Page {
+                        kvs: out,
+                        rev: read_at,
+                    });
+                }
             }
         }
-        let rev = match at {
-            Some(r) => r,
-            None => self.current_rev().await?,
-        };
-        Ok(Page { kvs: out, rev })
+        // Full after at least one read, which set `at`.
+        Ok(Page {
+            kvs: out,
+            rev: at.unwrap_or_default(),
+        })
+    }
+
+    /// A call at revision `rev` that etcd refused: the revision is compacted away or not
+    /// written yet (then with the current revision); anything else is I/O.
+    async fn revision_error(
+        &self,
+        e: etcd_client::Error,
+        rev: Rev,
+        context: &'static str,
+    ) -> StoreError {
+        let text = e.to_string();
+        if text.contains("required revision has been compacted") {
+            StoreError::Compacted { rev }
+        } else if text.contains("required revision is a future revision") {
+            match self.current_rev().await {
+                Ok(current) => StoreError::FutureRevision { rev, current },
+                Err(e) => e,
+            }
+        } else {
+            io(context)(e)
+        }
     }
 
     fn etcd_txn(&self, txn: &Txn) -> etcd_client::Txn {
@@ -518,26 +560,12 @@ impl Drop for WatchSlot {
     }
 }
 
-/// A txn refused for a lease names the lease; anything else is the backend's failure.
 /// Whether a response was refused for its size ([`MAX_RESPONSE_BYTES`]).
 fn too_large(e: &etcd_client::Error) -> bool {
     e.to_string().contains("message length too large")
 }
 
-/// A read at a revision etcd no longer has, or does not have yet; anything else is I/O.
-fn revision_error(e: etcd_client::Error, rev: Option<Rev>, context: &'static str) -> StoreError {
-    let text = e.to_string();
-    match rev {
-        Some(rev) if text.contains("required revision has been compacted") => {
-            StoreError::Compacted { rev }
-        }
-        Some(rev) if text.contains("required revision is a future revision") => {
-            StoreError::FutureRevision { rev, current: 0 }
-        }
-        _ => io(context)(e),
-    }
-}
-
+/// A txn refused for a lease names the lease; anything else is the backend's failure.
 fn txn_error(txn: &Txn, e: etcd_client::Error) -> StoreError {
     let text = e.to_string();
     if text.contains("requested lease not found") {
@@ -590,18 +618,8 @@ impl Store for EtcdStore {
             _ => p,
         };
         Box::pin(async move {
-            let mut page = self
-                .range_opts(start, end, limit, SortOrder::Ascend, rev)
-                .await?;
-            if let (Some(rev), true) = (rev, page.kvs.is_empty()) {
-                // etcd answers an empty range at a future revision without complaint.
-                let current = self.current_rev().await?;
-                if rev > current {
-                    return Err(StoreError::FutureRevision { rev, current });
-                }
-                page.rev = rev;
-            }
-            Ok(page)
+            self.range_opts(start, end, limit, SortOrder::Ascend, rev)
+                .await
         })
     }
 
@@ -679,11 +697,14 @@ impl Store for EtcdStore {
             let mut opts = WatchOptions::new().with_range(end.clone());
             if let Some(start) = start {
                 // etcd reports a compacted start only inside the stream, after confirming
-                // the watch; a read at that revision answers at once.
-                let current = self.current_rev().await?;
-                if start <= current {
-                    self.range_opts(p.clone(), end.clone(), 1, SortOrder::Ascend, Some(start))
-                        .await?;
+                // the watch; a read at that revision answers at once (a future start is
+                // fine: the watch waits for it).
+                match self
+                    .range_opts(p.clone(), end.clone(), 1, SortOrder::Ascend, Some(start))
+                    .await
+                {
+                    Ok(_) | Err(StoreError::FutureRevision { .. }) => {}
+                    Err(e) => return Err(e),
                 }
                 opts = opts.with_start_revision(i64::try_from(start).unwrap_or(i64::MAX));
             }
@@ -752,22 +773,11 @@ impl Store for EtcdStore {
                 async move { c.compact(r, None).await }
             })
             .await;
-            match resp {
-                Ok(_) => Ok(()),
+            let Err(e) = resp else { return Ok(()) };
+            match self.revision_error(e, rev, "compacting").await {
                 // Compacting again at or before the last compaction is a no-op.
-                Err(e)
-                    if e.to_string()
-                        .contains("required revision has been compacted") =>
-                {
-                    Ok(())
-                }
-                Err(e) if e.to_string().contains("future revision") => {
-                    Err(StoreError::FutureRevision {
-                        rev,
-                        current: self.current_rev().await?,
-                    })
-                }
-                Err(e) => Err(io("compacting")(e)),
+                StoreError::Compacted { .. } => Ok(()),
+                e => Err(e),
             }
         })
     }

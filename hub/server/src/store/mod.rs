@@ -18,7 +18,6 @@ mod location;
 mod migrate;
 mod record;
 mod redb_store;
-mod snapshot;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -35,7 +34,6 @@ pub use redb_store::{
     DB_FILE_NAME, MAX_BATCH_TXNS, MAX_LEASE_TTL_MS, MAX_LEASES, MAX_WATCHERS, QUEUE_CAPACITY,
     RedbStore, WATCH_CHANNEL_CAPACITY,
 };
-pub use snapshot::Snapshot;
 
 /// Store-wide revision. Every committed txn that changes at least one key takes the next
 /// revision, and all its changes carry it (like etcd's `mod_revision`). Revision 0 means "nothing

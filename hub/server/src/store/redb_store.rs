@@ -448,10 +448,17 @@ fn lease_index_prefix(id: LeaseId) -> String {
     format!("{id:016x}/")
 }
 
-/// The state a write replaced, for the history. A record that does not decode (damaged) is
-/// kept as absent: the history then shows it as it reads, not as it was.
-fn prev_of(key: &str, bytes: &[u8]) -> Option<KeyValue> {
-    record::decode(key, bytes).ok().map(|rec| kv_of(key, rec))
+/// The record a write replaces, decoded once: its lease (for the lease index) and its state
+/// (for the history). A record that does not decode (damaged) is replaced as one without a
+/// lease, and the history keeps it as absent: as it reads, not as it was.
+fn replaced(key: &str, bytes: &[u8]) -> Option<KeyValue> {
+    match record::decode(key, bytes) {
+        Ok(rec) => Some(kv_of(key, rec)),
+        Err(e) => {
+            tracing::warn!(error = %e, "replacing an undecodable record");
+            None
+        }
+    }
 }
 
 fn kv_of(key: &str, rec: record::Record) -> KeyValue {
@@ -740,7 +747,7 @@ impl Writer {
                 .is_some_and(|bytes| stored_lease(key, bytes.value()) == Some(id));
             if owned {
                 let old = tables.kv.remove(key).ctx("deleting a leased key")?;
-                let prev = old.and_then(|old| prev_of(key, old.value()));
+                let prev = old.and_then(|old| replaced(key, old.value()));
                 batch.changes.push(Change {
                     event: WatchEvent::Delete {
                         key: key.to_owned(),
@@ -818,8 +825,8 @@ impl Writer {
                         .kv
                         .insert(key.as_str(), bytes.as_slice())
                         .ctx("writing a key")?
-                        .map(|old| (stored_lease(&key, old.value()), prev_of(&key, old.value())));
-                    let (old_lease, prev) = prev.unwrap_or_default();
+                        .and_then(|old| replaced(&key, old.value()));
+                    let old_lease = prev.as_ref().and_then(|kv| kv.lease);
                     if old_lease != lease {
                         if let Some(old) = old_lease {
                             tables
@@ -852,9 +859,9 @@ impl Writer {
                         .kv
                         .remove(key.as_str())
                         .ctx("deleting a key")?
-                        .map(|old| (stored_lease(&key, old.value()), prev_of(&key, old.value())));
-                    if let Some((old_lease, prev)) = removed {
-                        if let Some(old) = old_lease {
+                        .map(|old| replaced(&key, old.value()));
+                    if let Some(prev) = removed {
+                        if let Some(old) = prev.as_ref().and_then(|kv| kv.lease) {
                             tables
                                 .lease_keys
                                 .remove(lease_index_key(old, &key).as_str())
