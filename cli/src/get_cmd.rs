@@ -275,6 +275,15 @@ async fn hubs(client: &Client, a: &GetArgs) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", table::render(HUB_HEADERS, &rows));
     }
+    if let Some(state) = &v.state
+        && !a.no_headers
+    {
+        println!(
+            "answered by {}: {}",
+            table::printable(&v.answered_by),
+            table::printable(state)
+        );
+    }
     if v.leader.is_none() {
         eprintln!("no replica leads right now (an election, or etcd is unreachable)");
     }

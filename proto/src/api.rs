@@ -281,6 +281,10 @@ pub struct HubsView {
     /// its fencing token. Grows with every change of leader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub term: Option<u64>,
+    /// The answering replica's own state: where a leader restored its
+    /// state from, how far a follower's warm mirror has read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
     pub replicas: Vec<HubReplicaView>,
 }
 

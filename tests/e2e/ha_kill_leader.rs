@@ -115,6 +115,12 @@ async fn killing_the_leader_under_load_loses_nothing_and_adopts_running_work() {
     // The audit log shows both leaders' starts, and `axle get hubs` the new one.
     let view = env.hubs_view(next).await.expect("hubs view");
     assert_eq!(view.leader.as_deref(), Some(format!("r{next}").as_str()));
+    // The follower kept a warm copy and took the lead from it, not from etcd.
+    let state = view.state.clone().unwrap_or_default();
+    assert!(
+        state.contains("restored from its mirror at revision"),
+        "{state}"
+    );
     assert!(
         !view.replicas.iter().any(|r| r.id == format!("r{leader}")),
         "{view:?}"
@@ -122,7 +128,9 @@ async fn killing_the_leader_under_load_loses_nothing_and_adopts_running_work() {
     let out = axle_e2e::axle_cli(&env.hub_urls(), &["get", "hubs"]).await;
     assert_eq!(out.code, 0, "{out:?}");
     assert!(
-        out.stdout.contains(&format!("r{next}")) && out.stdout.contains("leader"),
+        out.stdout.contains(&format!("r{next}"))
+            && out.stdout.contains("leader")
+            && out.stdout.contains("answered by"),
         "{}",
         out.stdout
     );

@@ -167,6 +167,7 @@ async fn hubs() -> Response {
         answered_by: "hub".to_string(),
         leader: Some("hub".to_string()),
         term: None,
+        state: None,
         replicas: Vec::new(),
     })
     .into_response()

@@ -100,6 +100,11 @@ struct ReplicaArgs {
     #[arg(long, default_value_t = axle_hub::ha::DEFAULT_LEASE_TTL.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(2_000..=60_000))]
     lease_ttl_ms: u64,
+    /// How often the leader compacts etcd's history, to the revision of one interval
+    /// before (etcd keeps every revision until compacted).
+    #[arg(long, default_value_t = axle_hub::ha::DEFAULT_COMPACTION_INTERVAL.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    compaction_interval_s: u64,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -289,6 +294,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     .clone()
                     .unwrap_or_else(|| format!("http://{grpc}")),
                 lease_ttl: std::time::Duration::from_millis(r.lease_ttl_ms),
+                compaction_interval: std::time::Duration::from_secs(r.compaction_interval_s),
             };
             axle_hub::ha::run(
                 data_dir,

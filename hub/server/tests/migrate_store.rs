@@ -131,6 +131,7 @@ async fn a_hub_moves_from_redb_to_etcd_and_back_with_every_record() {
             advertise_http: "http://127.0.0.1:1".into(),
             advertise_grpc: grpc.clone(),
             lease_ttl: Duration::from_secs(2),
+            compaction_interval: axle_hub::ha::DEFAULT_COMPACTION_INTERVAL,
         },
         async move {
             let _ = stop_rx.await;

@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
@@ -40,6 +41,8 @@ pub enum Role {
         http: Router,
         spoke: pb::spoke_service_server::SpokeServiceServer<SpokeSvc>,
         user: pb::user_service_server::UserServiceServer<UserSvc>,
+        /// Where this term's hub state came from, and how long restoring it took.
+        restored: String,
     },
 }
 
@@ -59,6 +62,8 @@ pub(super) struct Front {
     pub role: Roles,
     pub store: Arc<EtcdStore>,
     pub me: ReplicaInfo,
+    /// This replica's mirror revision while it follows (0: cold).
+    pub warm: Arc<AtomicU64>,
 }
 
 pub(super) fn router(front: Front) -> Router {
@@ -108,7 +113,15 @@ async fn readyz(State(f): State<Front>) -> Response {
 }
 
 async fn hubs(State(f): State<Front>) -> Response {
-    let leader = f.role.load().leader().cloned();
+    let role = f.role.load_full();
+    let leader = role.leader().cloned();
+    let state = match &*role {
+        Role::Leader { restored, .. } => format!("leads; {restored}"),
+        Role::Follower { .. } => match f.warm.load(Ordering::Relaxed) {
+            0 => "follows; its mirror is cold (listing the store)".to_string(),
+            rev => format!("follows; its mirror is at revision {rev}"),
+        },
+    };
     let replicas = match election::replicas(&f.store).await {
         Ok(r) => r,
         Err(e) => {
@@ -124,6 +137,7 @@ async fn hubs(State(f): State<Front>) -> Response {
         answered_by: f.me.id.clone(),
         leader: lead_id.clone(),
         term: leader.as_ref().map(|l| l.term),
+        state: Some(state),
         replicas: replicas
             .into_iter()
             .map(|r| HubReplicaView {

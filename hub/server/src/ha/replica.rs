@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -14,10 +15,11 @@ use tracing::{info, warn};
 
 use super::election::{self, Leader, LeaseSession, ReplicaInfo};
 use super::front::{self, Front, GrpcSwitch, Role, Roles};
-use super::{FOLLOW_POLL, HaOptions, LEADER_KEY, RETRY_DELAY};
+use super::mirror::{CATCH_UP_TIMEOUT, Mirror};
+use super::{FOLLOW_POLL, HaOptions, LEADER_KEY, RETRY_DELAY, TERM_MARKER_KEY};
 use crate::hub::{Clock, Command, Hub, HubConfig, HubTasks, OnStoreFailure};
 use crate::server::{self, DRAIN_DEADLINE, Listeners};
-use crate::store::{EtcdStore, LeaseId, Rev, Store};
+use crate::store::{EtcdStore, LeaseId, Op, Rev, Store, Txn};
 
 /// What a failover takes beyond the lease TTL: an election (a follower polls every
 /// [`FOLLOW_POLL`]), restoring the hub from etcd, spokes redialling.
@@ -31,6 +33,8 @@ struct Ctx {
     ha: HaOptions,
     me: ReplicaInfo,
     role: Roles,
+    /// The follower's mirror revision (0: cold, or leading), for `/api/v1/hubs`.
+    warm: Arc<AtomicU64>,
 }
 
 /// A term that was still running at shutdown.
@@ -80,6 +84,7 @@ pub async fn run(
     }
     let role: Roles = Arc::new(ArcSwap::from_pointee(Role::Follower { leader: None }));
     let log_limits = crate::logs::LogLimits::within(policy.settings.max_log_bytes_per_workload);
+    let warm = Arc::new(AtomicU64::new(0));
     let ctx = Ctx {
         store: store.clone(),
         config: HubConfig {
@@ -93,6 +98,7 @@ pub async fn run(
         ha,
         me: me.clone(),
         role: role.clone(),
+        warm: warm.clone(),
     };
     info!(
         "replica {} on {} (HTTP) and {} (gRPC), lease TTL {} ms",
@@ -113,6 +119,7 @@ pub async fn run(
         role: role.clone(),
         store: store.clone(),
         me,
+        warm,
     });
     let http = crate::http_serve::serve(listeners.http, app, listeners.http_limits, async move {
         let _ = http_stop.wait_for(|s| *s).await;
@@ -179,10 +186,14 @@ async fn roles(ctx: &Ctx, mut stop: watch::Receiver<bool>) -> Exit {
         leading: None,
         lease,
     };
+    // Kept while following, handed to the term it wins (which drops it once restored).
+    let mut mirror: Option<Mirror> = None;
     loop {
         if *stop.borrow() {
             return stopped(None);
         }
+        let store: Arc<dyn Store> = ctx.store.clone();
+        mirror.get_or_insert_with(|| Mirror::start(store, ctx.warm.clone()));
         let session = match LeaseSession::open(ctx.store.clone(), ctx.ha.lease_ttl).await {
             Ok(s) => s,
             Err(e) => {
@@ -211,7 +222,7 @@ async fn roles(ctx: &Ctx, mut stop: watch::Receiver<bool>) -> Exit {
             warn!("replica {}: its lease lapsed; taking a new one", ctx.me.id);
             continue;
         };
-        match lead(ctx, term, &session, &mut stop).await {
+        match lead(ctx, term, &session, &mut stop, mirror.take()).await {
             Some(leading) => {
                 return Exit {
                     leading: Some(leading),
@@ -274,16 +285,18 @@ async fn follow(
 }
 
 /// Leads one term: fences the store on it, finishes an interrupted batch, restores the hub
-/// and serves until the lease lapses, a write fails (fenced or etcd gone) or the replica
-/// stops (then the running term is handed back to `run` to drain).
+/// (from the warm `mirror` when it catches up with the term's marker, else from etcd) and
+/// serves until the lease lapses, a write fails (fenced or etcd gone) or the replica stops
+/// (then the running term is handed back to `run` to drain).
 async fn lead(
     ctx: &Ctx,
     term: Rev,
     session: &LeaseSession,
     stop: &mut watch::Receiver<bool>,
+    mirror: Option<Mirror>,
 ) -> Option<Leading> {
     let id = &ctx.me.id;
-    info!("replica {id} leads (term {term}); restoring the hub from etcd");
+    info!("replica {id} leads (term {term}); restoring the hub");
     ctx.store.fence(LEADER_KEY, term);
     let started = async {
         let recovered = ctx.store.recover_batches().await?;
@@ -293,11 +306,40 @@ async fn lead(
                 recovered.replayed, recovered.dropped
             );
         }
+        // The marker's revision holds nothing else, and nothing of the hub's is written
+        // after it until the hub below starts: a copy that has seen it is exact.
+        let marker = format!("{{\"term\":{term},\"replica\":{:?}}}", ctx.me.id);
+        let marked = ctx
+            .store
+            .txn(Txn::new().and_then(Op::put_with_lease(TERM_MARKER_KEY, marker, session.id)))
+            .await?;
         let store: Arc<dyn Store> = ctx.store.clone();
-        Hub::start(store, ctx.policy.clone(), ctx.config.clone()).await
+        let (policy, config) = (ctx.policy.clone(), ctx.config.clone());
+        let view = match &mirror {
+            Some(m) => m.view_at(marked.rev, CATCH_UP_TIMEOUT).await,
+            None => None,
+        };
+        drop(mirror);
+        let started = std::time::Instant::now();
+        let (from, hub) = match view {
+            Some(view) => {
+                let from = format!("its mirror at revision {}", view.revision());
+                (from, Hub::start_from(store, &view, policy, config).await?)
+            }
+            None => (
+                "etcd (its mirror was not caught up)".to_string(),
+                Hub::start(store, policy, config).await?,
+            ),
+        };
+        let restored = format!(
+            "restored from {from} in {} ms",
+            started.elapsed().as_millis()
+        );
+        info!("replica {id} {restored}");
+        anyhow::Ok((hub, restored))
     }
     .await;
-    let (hub, mut tasks) = match started {
+    let ((hub, mut tasks), restored) = match started {
         Ok(h) => h,
         Err(e) => {
             warn!("replica {id} cannot take the lead of term {term}: {e:#}");
@@ -315,11 +357,13 @@ async fn lead(
         http: crate::http::router(hub.clone()),
         spoke: server::spoke_service(hub.clone()),
         user: server::user_service(hub.clone()),
+        restored,
     }));
     info!("replica {id} is the leader (term {term})");
     let why = tokio::select! {
         w = tasks.failed() => hub.store_failure().unwrap_or(w),
         _ = session.lost() => "its lease lapsed".to_string(),
+        never = compact(&ctx.store, ctx.ha.compaction_interval) => match never {},
         _ = stop.wait_for(|s| *s) => return Some(Leading { hub, tasks, term }),
     };
     warn!("replica {id} steps down from term {term}: {why}");
@@ -329,4 +373,24 @@ async fn lead(
     ctx.store.unfence();
     let _ = election::resign(&ctx.store, term).await;
     None
+}
+
+/// Compacts etcd's history every `interval`, to the revision it had one interval before:
+/// etcd keeps every revision until compacted, so without this its database grows with
+/// every write. A watcher up to one interval behind (a follower's mirror) can still resume.
+/// Runs for the whole term; a failed compaction is retried at the next interval.
+async fn compact(store: &EtcdStore, interval: Duration) -> std::convert::Infallible {
+    let mut last: Option<Rev> = None;
+    loop {
+        tokio::time::sleep(interval).await;
+        if let Some(rev) = last
+            && let Err(e) = store.compact(rev).await
+        {
+            warn!("cannot compact etcd at revision {rev}: {e}");
+        }
+        match store.rev().await {
+            Ok(rev) => last = Some(rev),
+            Err(e) => warn!("cannot read etcd's revision to compact: {e}"),
+        }
+    }
 }

@@ -144,8 +144,21 @@ impl Hub {
         policy: Policy,
         config: HubConfig,
     ) -> anyhow::Result<(Arc<Hub>, HubTasks)> {
+        let source = store.clone();
+        Self::start_from(store, source.as_ref(), policy, config).await
+    }
+
+    /// Like [`Hub::start`], loading the state from `source` instead: a copy of `store`
+    /// as of its latest revision (a replica's warm mirror), which saves reading every key
+    /// again. The hub writes to `store` only.
+    pub async fn start_from(
+        store: Arc<dyn Store>,
+        source: &dyn Store,
+        policy: Policy,
+        config: HubConfig,
+    ) -> anyhow::Result<(Arc<Hub>, HubTasks)> {
         let now = config.clock.now_ms();
-        let inner = restore::load(store.as_ref(), Arc::new(policy), now).await?;
+        let inner = restore::load(source, Arc::new(policy), now).await?;
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let hub = Arc::new(Hub {
             read: ArcSwap::from_pointee(inner.read_view()),
