@@ -273,8 +273,15 @@ impl EtcdStore {
             batches: Default::default(),
             crash_after: std::sync::Mutex::new(None),
         };
-        // A first call, so a cluster that is not there fails here, not at the first write.
-        store.current_rev().await?;
+        // A first call, so a cluster that is not there (or refuses this hub's TLS) fails
+        // here, not at the first write.
+        store.current_rev().await.map_err(|e| match e {
+            StoreError::Io { message, .. } => StoreError::Io {
+                context: "connecting to etcd",
+                message,
+            },
+            e => e,
+        })?;
         Ok(store)
     }
 

@@ -81,7 +81,7 @@ pub struct Etcd {
     _data: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free loopback port")
@@ -93,9 +93,19 @@ impl Etcd {
     /// bound by etcd, so a parallel test can take one in between: an etcd that exits is
     /// started again on other ports (three tries).
     pub async fn start() -> Etcd {
+        Self::start_with(None).await
+    }
+
+    /// Like [`Etcd::start`], serving clients over TLS with `tls`'s server certificate
+    /// and asking them for a certificate signed by its CA.
+    pub async fn start_tls(tls: &EtcdTls) -> Etcd {
+        Self::start_with(Some(tls)).await
+    }
+
+    async fn start_with(tls: Option<&EtcdTls>) -> Etcd {
         let mut last_log = String::new();
         for _ in 0..3 {
-            match Self::try_start().await {
+            match Self::try_start(tls).await {
                 Ok(etcd) => return etcd,
                 Err(log) => last_log = log,
             }
@@ -103,14 +113,25 @@ impl Etcd {
         panic!("etcd did not start in three tries; its last log:\n{last_log}");
     }
 
-    async fn try_start() -> Result<Etcd, String> {
+    async fn try_start(tls: Option<&EtcdTls>) -> Result<Etcd, String> {
         let data = tempfile::tempdir().expect("tempdir");
         let (client, peer) = (free_port(), free_port());
-        let client_url = format!("http://127.0.0.1:{client}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let log_path = data.path().join("etcd.log");
         let log = std::fs::File::create(&log_path).expect("etcd log");
-        let child = std::process::Command::new("etcd")
+        let mut etcd = std::process::Command::new("etcd");
+        if let Some(t) = tls {
+            etcd.arg("--cert-file")
+                .arg(&t.server_cert)
+                .arg("--key-file")
+                .arg(&t.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&t.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = etcd
             .args(["--name", "n1", "--data-dir"])
             .arg(data.path().join("member"))
             .args(["--listen-client-urls", &client_url])
@@ -130,7 +151,11 @@ impl Etcd {
         // A loaded 2-core machine starting many etcds at once is slow.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
-            let o = axle_hub::store::EtcdOptions::new(vec![etcd.endpoint.clone()]);
+            let mut o = axle_hub::store::EtcdOptions::new(vec![etcd.endpoint.clone()]);
+            if let Some(t) = tls {
+                o.ca_pem = Some(t.ca_pem.clone());
+                o.client_cert_pem = Some((t.client_cert_pem.clone(), t.client_key_pem.clone()));
+            }
             if axle_hub::store::EtcdStore::connect(o).await.is_ok() {
                 return Ok(etcd);
             }
@@ -149,6 +174,88 @@ impl Etcd {
         axle_hub::store::EtcdStore::connect(o)
             .await
             .expect("connect to etcd")
+    }
+}
+
+/// Certificates for an etcd on TLS, made by rcgen: a CA, a server certificate for
+/// 127.0.0.1 and a client certificate, PEM files in a temporary dir (and in memory).
+pub struct EtcdTls {
+    pub dir: tempfile::TempDir,
+    pub ca: std::path::PathBuf,
+    pub server_cert: std::path::PathBuf,
+    pub server_key: std::path::PathBuf,
+    pub client_cert: std::path::PathBuf,
+    pub client_key: std::path::PathBuf,
+    pub ca_pem: Vec<u8>,
+    pub client_cert_pem: Vec<u8>,
+    pub client_key_pem: Vec<u8>,
+}
+
+/// A CA: its certificate's PEM and what signs with it.
+pub struct TestCa {
+    pub pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl TestCa {
+    pub fn new(name: &str) -> TestCa {
+        let key = rcgen::KeyPair::generate().expect("CA key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params.self_signed(&key).expect("CA certificate");
+        TestCa {
+            pem: cert.pem(),
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// A certificate for `names` (DNS names or IP addresses) usable by servers and
+    /// clients: its PEM and its key's PEM.
+    pub fn issue(&self, cn: &str, names: &[&str]) -> (String, String) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = rcgen::CertificateParams::new(names).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, &self.issuer).expect("certificate");
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+impl EtcdTls {
+    pub fn new(ca: &TestCa) -> EtcdTls {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (server_cert, server_key) = ca.issue("etcd", &["127.0.0.1", "localhost"]);
+        let (client_cert, client_key) = ca.issue("axle-hub", &["axle-hub"]);
+        let file = |name: &str, pem: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, pem).expect("write PEM");
+            p
+        };
+        EtcdTls {
+            ca: file("ca.pem", &ca.pem),
+            server_cert: file("server.pem", &server_cert),
+            server_key: file("server-key.pem", &server_key),
+            client_cert: file("client.pem", &client_cert),
+            client_key: file("client-key.pem", &client_key),
+            ca_pem: ca.pem.clone().into_bytes(),
+            client_cert_pem: client_cert.into_bytes(),
+            client_key_pem: client_key.into_bytes(),
+            dir,
+        }
     }
 }
 
