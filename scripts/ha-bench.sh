@@ -7,7 +7,9 @@
 #     replica's /readyz is 200 (the killed one is restarted as a follower);
 #     min / median / max;
 #  3. PENDING workloads kept (a cluster without a spoke): etcd's database
-#     size and the leader's RSS.
+#     size, the leader's RSS and the followers' (their warm mirrors);
+#  4. one more failover with those PENDING workloads stored, and where the
+#     new leader restored from.
 # Needs etcd (scripts/prereqs.sh test installs it).
 #
 #   scripts/ha-bench.sh            # JOBS=2000 KILLS=20 PENDING=100000
@@ -87,3 +89,13 @@ l=$(leader)
 curl -s "http://127.0.0.1:${ec[0]}/v3/maintenance/status" -X POST -d '{}' \
   | python3 -c 'import json,sys; s=json.load(sys.stdin); print("etcd_db_bytes=%s in_use=%s" % (s["dbSize"], s.get("dbSizeInUse", "?")))'
 awk '/VmRSS|VmHWM/ {printf "leader_%s=%d MB ", $1, $2/1024} END {print ""}' "/proc/${hub[$l]}/status"
+for i in 0 1 2; do
+  [ "$i" = "$l" ] && continue
+  awk -v r="r$i" '/VmRSS/ {printf "follower_%s_VmRSS=%d MB (its warm mirror)\n", r, $2/1024}' "/proc/${hub[$i]}/status"
+done
+
+echo "== 4. failover with $PENDING workloads stored"
+t0=$(date +%s%N); kill -9 "${hub[$l]}"
+while :; do n=$(leader); [ "$n" != -1 ] && [ "$n" != "$l" ] && break; sleep 0.02; done
+echo "failover_ms=$(( ($(date +%s%N) - t0) / 1000000 )) (r$l -> r$n)"
+curl -s "http://127.0.0.1:${hp[$n]}/api/v1/hubs" | python3 -c 'import json,sys; print("new leader:", json.load(sys.stdin).get("state"))'

@@ -11,6 +11,7 @@
 //! [`EtcdStore`] — implement one contract, checked by the same tests (`tests/store_contract.rs`).
 
 mod etcd_batch;
+mod etcd_retry;
 mod etcd_store;
 mod history;
 mod json;
