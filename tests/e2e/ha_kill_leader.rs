@@ -1,6 +1,6 @@
 //! The leading hub replica killed with SIGKILL under a 64-client submit load, on a real
 //! 3-member etcd: a follower leads within the lease TTL + 2 s, every acknowledged submit
-//! and cancel is there exactly once, and running workloads are adopted, not restarted
+//! and cancel is there exactly once, every completion stays, and running workloads are adopted, not restarted
 //! (one `start` line each, same epoch), never running twice at once.
 
 use std::time::{Duration, Instant};
@@ -50,6 +50,31 @@ async fn killing_the_leader_under_load_loses_nothing_and_adopts_running_work() {
     })
     .await;
 
+    // Completed before the kill: the hub showed them Succeeded, so they stay so.
+    let mut completed = Vec::new();
+    for team in ["alpha", "beta", "gamma", "beta"] {
+        let mut r = request(team, 1.0, sh("true"));
+        r.gpu_model = Some("H100".into());
+        completed.push(api.submit_ok(&r).await.id);
+    }
+    axle_e2e::wait_until(Duration::from_secs(30), "the four to complete", || {
+        let api = api.clone();
+        let completed = completed.clone();
+        async move {
+            let ws = api.try_workloads().await?;
+            let done = ws
+                .iter()
+                .filter(|w| completed.contains(&w.id) && w.state == "Succeeded")
+                .count();
+            if done == completed.len() {
+                Ok(())
+            } else {
+                Err(format!("{done} Succeeded"))
+            }
+        }
+    })
+    .await;
+
     let apis: Vec<_> = env.hubs.iter().map(|h| h.api()).collect();
     let load = Load::start(apis, 64, leader, "kill");
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -87,7 +112,7 @@ async fn killing_the_leader_under_load_loses_nothing_and_adopts_running_work() {
         .await;
     let api = env.hubs[next].api();
     let workloads = api.workloads().await;
-    let bad = check_history(&histories, &workloads);
+    let bad = check_history(&histories, &completed, &workloads);
     assert!(bad.is_empty(), "{} problems: {bad:#?}", bad.len());
 
     // Adopted, not restarted: one start line each, the same epoch, Succeeded.

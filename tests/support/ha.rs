@@ -447,9 +447,12 @@ pub fn totals(h: &[ClientHistory]) -> (usize, usize, u64, usize) {
 /// Checks every acknowledged operation against the workloads the hub has now: a submit
 /// acknowledged and absent is lost; a key present twice is duplicated; a client's
 /// acknowledged submits whose ids do not grow in the order it made them are reordered; a
-/// cancel acknowledged on a workload that is not Cancelled is lost too. One line each.
+/// cancel acknowledged on a workload that is not Cancelled is lost too, and so is a
+/// completion (`completed`: workloads the hub showed Succeeded) that is no longer
+/// Succeeded. One line each.
 pub fn check_history(
     histories: &[ClientHistory],
+    completed: &[u64],
     workloads: &[axle_proto::api::WorkloadView],
 ) -> Vec<String> {
     use std::collections::BTreeMap;
@@ -491,6 +494,13 @@ pub fn check_history(
                 Some(w) => bad.push(format!("lost cancel: {id} is {}", w.state)),
                 None => bad.push(format!("lost cancel: {id} is gone")),
             }
+        }
+    }
+    for id in completed {
+        match workloads.iter().find(|w| w.id == *id) {
+            Some(w) if w.state == "Succeeded" => {}
+            Some(w) => bad.push(format!("lost completion: {id} is {}", w.state)),
+            None => bad.push(format!("lost completion: {id} is gone")),
         }
     }
     bad
