@@ -229,7 +229,8 @@ pub struct Cluster {
     pub labels: BTreeMap<String, String>,
     /// Internal chargeback price.
     pub price_usd_per_gpu_hour: f64,
-    /// Declared capacity for planning and simulation; live spoke inventory overrides it.
+    /// Declared capacity for planning and simulation, and the most a spoke may report:
+    /// the live inventory is used, within these models and counts (none: any).
     pub nodes: Vec<NodeGroup>,
     /// Image for workloads that name none on a Kubernetes cluster.
     pub default_image: Option<String>,

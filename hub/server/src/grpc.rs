@@ -102,6 +102,8 @@ async fn read_session(
     conn: u64,
     log_dir: PathBuf,
 ) {
+    // Log chunks refused on this session (the first is logged, the rest counted).
+    let mut refused = 0u64;
     loop {
         match inbound.message().await {
             Ok(Some(m)) => {
@@ -117,6 +119,14 @@ async fn read_session(
                         status,
                     },
                     Some(Msg::Log(chunk)) => {
+                        let owned = hub.read().may_log(&cluster, chunk.workload_id, chunk.epoch);
+                        if let Err(why) = owned {
+                            refused += 1;
+                            if refused == 1 {
+                                warn!("spoke {cluster}: log chunk refused: {why}");
+                            }
+                            continue;
+                        }
                         if let Err(e) =
                             logs::write_chunk(&log_dir, hub.config.log_limits, &chunk, hub.now_ms())
                                 .await
@@ -141,6 +151,9 @@ async fn read_session(
                 break;
             }
         }
+    }
+    if refused > 0 {
+        warn!("spoke {cluster}: {refused} log chunks refused on this session");
     }
     let _ = hub.send(Command::Disconnected { cluster, conn }).await;
 }

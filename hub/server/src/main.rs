@@ -237,6 +237,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
         (None, true) => dev::temp_data_dir()?,
         (None, false) => anyhow::bail!("--data-dir DIR is required (or --dev for a temporary one)"),
     };
+    // Spokes are trusted with the cluster they name: without a token, only
+    // processes on this machine may be spokes.
+    if args.spoke_token.is_none() {
+        if !args.grpc.ip().is_loopback() {
+            anyhow::bail!(
+                "--grpc {} is not a loopback address, and spokes would connect without \
+                 authentication; set --spoke-token (or AXLE_SPOKE_TOKEN), or listen on 127.0.0.1",
+                args.grpc
+            );
+        }
+        eprintln!(
+            "axle-hub: spokes connect without a token (gRPC on loopback {} only); \
+             set --spoke-token to require one",
+            args.grpc
+        );
+    }
     let mut listeners = server::Listeners::bind(args.http, args.grpc).await?;
     listeners.http_limits = axle_hub::http_serve::HttpLimits {
         max_connections: args.http_max_connections as usize,

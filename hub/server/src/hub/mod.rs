@@ -11,6 +11,7 @@
 //! - `snapshot.rs` — records ↔ the scheduler's `State` (inventory, rebuild);
 //! - `workloads.rs` — user commands (submit, cancel) and workload transitions;
 //! - `spokes.rs` — the [`SpokeState`] lifecycle, registration, liveness;
+//! - `inventory.rs` — what a registering spoke may claim, against the policy;
 //! - `reports.rs` — what spokes report about workloads (status, stops);
 //! - `messages.rs` — what the hub sends to spokes (assign, stop);
 //! - `schedule.rs` — one cycle and its decisions turned into records;
@@ -24,6 +25,7 @@
 mod applier;
 mod clock;
 mod error;
+mod inventory;
 mod limits;
 mod messages;
 mod read;

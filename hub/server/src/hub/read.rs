@@ -170,6 +170,31 @@ impl ReadView {
         self.workloads.get(&id)
     }
 
+    /// Whether the spoke of `cluster` may write the log of run `epoch` of
+    /// workload `id`: only a run the hub assigned to that cluster (the
+    /// current placement, or the run whose stop it awaits there). Else why not.
+    pub fn may_log(&self, cluster: &str, id: u64, epoch: u64) -> Result<(), String> {
+        let Some(w) = self.workloads.get(&id) else {
+            return Err(format!("workload {id} does not exist"));
+        };
+        let placed = w.epoch == epoch && w.placement.as_ref().is_some_and(|p| p.cluster == cluster);
+        let stopping = w
+            .stopping
+            .as_ref()
+            .is_some_and(|s| s.epoch == epoch && s.cluster == cluster);
+        if placed || stopping {
+            return Ok(());
+        }
+        Err(format!(
+            "run {epoch} of workload {id} was not assigned to cluster {cluster} (it is {}{})",
+            w.state.as_str(),
+            match &w.placement {
+                Some(p) => format!(" on {} at run {}", p.cluster, w.epoch),
+                None => String::new(),
+            }
+        ))
+    }
+
     pub fn view(&self, id: u64) -> Option<api::WorkloadView> {
         view_in(&self.workloads, &self.reasons, id)
     }

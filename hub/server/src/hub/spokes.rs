@@ -142,6 +142,36 @@ pub fn step(state: &SpokeState, event: SpokeEvent) -> Result<SpokeState, Ignored
     }
 }
 
+/// Whether spoke process `instance` may register for a cluster in `state`
+/// whose open session belongs to `current`: never two sessions at once. With
+/// no open session, yes; the same process reconnecting, yes (its old stream
+/// is dead, it just has not ended here yet); another spoke only once the
+/// open session is silent for `fenced_after_ms` (the spoke behind it has
+/// surely fenced itself). Otherwise why not.
+pub fn may_replace(
+    state: &SpokeState,
+    current: &str,
+    instance: &str,
+    silent_ms: u64,
+    fenced_after_ms: u64,
+) -> Result<(), String> {
+    if state.session().is_none() || (!instance.is_empty() && instance == current) {
+        return Ok(());
+    }
+    if state.is_lost() && silent_ms >= fenced_after_ms {
+        return Ok(());
+    }
+    Err(format!(
+        "its spoke ({}) was heard from {} s ago",
+        if current.is_empty() {
+            "unnamed"
+        } else {
+            current
+        },
+        silent_ms / 1000
+    ))
+}
+
 /// A cluster the hub knows: declared in policy, registered by a spoke, or both.
 pub(super) struct ClusterEntry {
     pub region: String,
@@ -156,6 +186,9 @@ pub(super) struct ClusterEntry {
     pub driver: String,
     /// The spoke's image for workloads that name none.
     pub default_image: Option<String>,
+    /// The spoke process of the open session (its `instance_id`): the one
+    /// spoke that may replace the session before it is fenced (a reconnect).
+    pub instance: String,
 }
 
 impl ClusterEntry {
@@ -169,6 +202,7 @@ impl ClusterEntry {
             unconfirmed: BTreeSet::new(),
             driver: String::new(),
             default_image: None,
+            instance: String::new(),
         }
     }
 
@@ -246,42 +280,36 @@ impl Inner {
                     .join(", ")
             )));
         }
-        let mut nodes = Vec::new();
-        for n in &r.nodes {
-            if n.name.is_empty() || n.gpus.is_empty() {
-                return Err(HubError::bad(
-                    format!("register: node {:?} has no name or no GPUs", n.name),
-                    Some("nodes"),
-                ));
-            }
-            nodes.push(NodeRecord {
-                name: n.name.clone(),
-                gpus: n
-                    .gpus
-                    .iter()
-                    .map(|g| GpuRecord {
-                        index: g.index,
-                        model: g.model.clone(),
-                        memory_mb: g.memory_mb,
-                        fractions_only: g.fractions_only,
-                    })
-                    .collect(),
-            });
+        if let Some(c) = self.clusters.get(&r.cluster) {
+            let silent_ms = now.saturating_sub(c.last_seen_ms.max(self.started_ms));
+            let fenced_after = self.policy.settings.spoke_lost_after_s * 1000 + FENCE_MARGIN_MS;
+            may_replace(
+                &c.session,
+                &c.instance,
+                &r.instance_id,
+                silent_ms,
+                fenced_after,
+            )
+            .map_err(|why| {
+                warn!(
+                    "a second spoke for cluster {:?} was refused: {why}",
+                    r.cluster
+                );
+                HubError::Conflict(format!(
+                    "cluster {:?} already has a live spoke session: {why}. One spoke \
+                         serves a cluster at a time; this one may connect once the other's \
+                         stream ends or it is fenced",
+                    r.cluster
+                ))
+            })?;
         }
+        let checked = super::inventory::check(&self.policy, &r)?;
         let record = ClusterRecord {
             v: RECORD_VERSION,
             name: r.cluster.clone(),
-            region: if r.region.is_empty() {
-                self.policy
-                    .clusters
-                    .get(&r.cluster)
-                    .map(|c| c.region.clone())
-                    .unwrap_or_default()
-            } else {
-                r.region.clone()
-            },
-            labels: r.labels.clone().into_iter().collect(),
-            nodes,
+            region: checked.region,
+            labels: checked.labels,
+            nodes: checked.nodes,
             driver: r.driver.clone(),
             default_image: Some(r.default_image.clone()).filter(|i| !i.is_empty()),
         };
@@ -296,6 +324,7 @@ impl Inner {
         entry.labels = record.labels.clone();
         entry.nodes = record.nodes.clone();
         entry.last_seen_ms = now;
+        entry.instance = r.instance_id.clone();
         entry.unconfirmed.clear();
         entry.session = step(&entry.session, SpokeEvent::Register { conn, tx })
             .expect("a registration applies in every state");
@@ -640,6 +669,27 @@ mod tests {
                 };
                 assert_eq!(got, want[i][j], "{} + {e:?}", show(s));
             }
+        }
+    }
+
+    #[test]
+    fn a_live_session_is_replaced_only_by_its_own_spoke_or_once_fenced() {
+        let connected = SpokeState::Connected { conn: 1, tx: tx() };
+        let lost = SpokeState::Lost {
+            session: Some((1, tx())),
+        };
+        // Observed: a second spoke with the shared token took over a connected cluster.
+        assert!(may_replace(&connected, "a", "b", 0, 32_000).is_err());
+        assert!(may_replace(&connected, "a", "", 0, 32_000).is_err());
+        assert!(may_replace(&connected, "a", "a", 0, 32_000).is_ok());
+        assert!(may_replace(&lost, "a", "b", 31_999, 32_000).is_err());
+        assert!(may_replace(&lost, "a", "b", 32_000, 32_000).is_ok());
+        for free in [
+            SpokeState::Declared,
+            SpokeState::Disconnected,
+            SpokeState::Lost { session: None },
+        ] {
+            assert!(may_replace(&free, "a", "b", 0, 32_000).is_ok(), "{free:?}");
         }
     }
 

@@ -175,6 +175,8 @@ impl Core {
                     })
                     .collect(),
             }],
+            // One spoke process: a second registration is its reconnect.
+            instance_id: "scripted".into(),
             ..Default::default()
         };
         let fx = self

@@ -1,0 +1,19 @@
+//! The hub refuses to start where it would trust anyone: spokes without a token on an
+//! address other machines reach. It says why and binds nothing.
+
+#[test]
+fn spokes_without_a_token_are_taken_on_loopback_only() {
+    // Observed: without --spoke-token the hub accepted tokenless spokes on any address.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_axle-hub"))
+        .args(["--dev", "--grpc", "0.0.0.0:0", "--http", "127.0.0.1:0"])
+        .env_remove("AXLE_SPOKE_TOKEN")
+        .env_remove("AXLE_STORE")
+        .output()
+        .expect("run axle-hub");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--grpc 0.0.0.0:0 is not a loopback address") && err.contains("--spoke-token"),
+        "{err}"
+    );
+}
