@@ -153,8 +153,9 @@ impl Client {
     /// `base` is the hub URL, e.g. `http://127.0.0.1:7070`, or several
     /// replicas' comma-separated: requests go to the one that answered
     /// last, the next when it cannot be reached, and follow a follower's
-    /// redirect to the leader.
-    pub fn new(base: &str) -> anyhow::Result<Client> {
+    /// redirect to the leader. `ca_pem`: CA certificates to trust besides
+    /// the system's (a hub serving TLS with the company's or its own CA).
+    pub fn with_ca(base: &str, ca_pem: Option<&[u8]>) -> anyhow::Result<Client> {
         install_crypto_provider();
         let bases: Vec<Url> = base
             .split(',')
@@ -171,7 +172,18 @@ impl Client {
             );
         }
         let base = bases[0].clone();
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if let Some(pem) = ca_pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| anyhow::anyhow!("the CA file is not PEM certificates: {e}"))?;
+            if certs.is_empty() {
+                anyhow::bail!("the CA file holds no certificate");
+            }
+            for c in certs {
+                builder = builder.add_root_certificate(c);
+            }
+        }
+        let http = builder
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
@@ -532,13 +544,13 @@ mod tests {
 
     #[test]
     fn urls_keep_a_base_path_and_encode_queries() {
-        let c = Client::new("http://hub.example:7070/prefix").unwrap();
+        let c = Client::with_ca("http://hub.example:7070/prefix", None).unwrap();
         let url = c.url("api/v1/workloads", &[("team", "a b&c".into())]);
         assert_eq!(
             url.as_str(),
             "http://hub.example:7070/prefix/api/v1/workloads?team=a+b%26c"
         );
-        assert!(Client::new("not a url").is_err());
-        assert!(Client::new("ftp://x").is_err());
+        assert!(Client::with_ca("not a url", None).is_err());
+        assert!(Client::with_ca("ftp://x", None).is_err());
     }
 }

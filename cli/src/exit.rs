@@ -70,8 +70,14 @@ pub struct Failed(pub String);
 pub fn classify(err: &anyhow::Error) -> (u8, Vec<String>) {
     if let Some(ce) = err.downcast_ref::<ClientError>() {
         let mut lines = vec![format!("error: {ce}")];
-        if matches!(ce, ClientError::Unreachable { .. }) {
-            lines.push(format!("hint: {}", unreachable_hint()));
+        if let ClientError::Unreachable { reason, .. } = ce {
+            lines.push(if reason.contains("certificate") {
+                "hint: the hub's TLS certificate is not trusted here: pass --ca-file (or \
+                 AXLE_CA_FILE) with the CA that signed it"
+                    .to_string()
+            } else {
+                format!("hint: {}", unreachable_hint())
+            });
         }
         return (ce.exit_code(), lines);
     }
@@ -136,6 +142,12 @@ mod tests {
         assert_eq!(code, HUB_UNAVAILABLE);
         assert_eq!(lines[1], format!("hint: {}", unreachable_hint()));
         assert!(lines[1].starts_with("hint: is the hub running? start the dev stack with: "));
+        let untrusted = anyhow::Error::new(ClientError::Unreachable {
+            hub: "https://hub:7070".into(),
+            reason: "invalid peer certificate: UnknownIssuer".into(),
+        });
+        let (_, lines) = classify(&untrusted);
+        assert!(lines[1].contains("--ca-file"), "{lines:?}");
         let server = anyhow::Error::new(ClientError::Server {
             status: 500,
             body: ApiError {

@@ -39,6 +39,9 @@ struct Cli {
     /// Hub URL for commands that talk to the hub.
     #[arg(long, global = true, env = "AXLE_HUB", default_value = DEFAULT_HUB)]
     hub: String,
+    /// PEM CA certificate(s) to trust for an https:// hub, besides the system's.
+    #[arg(long, global = true, env = "AXLE_CA_FILE")]
+    ca_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -104,7 +107,7 @@ fn main() -> ExitCode {
             // reqwest is built with `rustls-no-provider`: install one before
             // any client exists, or building it panics.
             client::install_crypto_provider();
-            match run_hub_command(&cli.hub, command) {
+            match run_hub_command(&cli.hub, cli.ca_file.as_deref(), command) {
                 Ok(code) => code,
                 Err(e) => {
                     let (code, lines) = exit::classify(&e);
@@ -129,8 +132,19 @@ fn offline(result: anyhow::Result<ExitCode>) -> ExitCode {
     }
 }
 
-fn run_hub_command(hub: &str, command: Command) -> anyhow::Result<ExitCode> {
-    let client = client::Client::new(hub).map_err(|e| exit::UsageError(format!("{e:#}")))?;
+fn run_hub_command(
+    hub: &str,
+    ca_file: Option<&std::path::Path>,
+    command: Command,
+) -> anyhow::Result<ExitCode> {
+    let ca = match ca_file {
+        Some(p) => Some(std::fs::read(p).map_err(|e| {
+            exit::UsageError(format!("--ca-file {}: cannot read it: {e}", p.display()))
+        })?),
+        None => None,
+    };
+    let client = client::Client::with_ca(hub, ca.as_deref())
+        .map_err(|e| exit::UsageError(format!("{e:#}")))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -65,6 +65,7 @@ fn dev_spokes(grpc_url: &str, data_dir: &std::path::Path, policy: &Policy) -> Ve
             nodes: vec![node("node-0", 8, "H100"), node("node-1", 8, "H100")],
             data_dir: data_dir.join("spokes/eu-1"),
             token: None,
+            hub_ca_pem: None,
             driver: Default::default(),
         },
         SpokeConfig {
@@ -75,6 +76,7 @@ fn dev_spokes(grpc_url: &str, data_dir: &std::path::Path, policy: &Policy) -> Ve
             nodes: vec![node("node-0", 4, "A100")],
             data_dir: data_dir.join("spokes/us-1"),
             token: None,
+            hub_ca_pem: None,
             driver: Default::default(),
         },
     ]

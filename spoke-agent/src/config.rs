@@ -38,6 +38,8 @@ pub struct SpokeConfig {
     pub data_dir: PathBuf,
     /// Shared secret when the hub requires one.
     pub token: Option<String>,
+    /// PEM CA certificate(s) that signed the hub's TLS certificate, for `https://` hub URLs.
+    pub hub_ca_pem: Option<Vec<u8>>,
     /// How the spoke runs work.
     pub driver: DriverConfig,
 }

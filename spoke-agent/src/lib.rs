@@ -129,7 +129,8 @@ pub async fn run_with(
     if config.cluster.trim().is_empty() {
         anyhow::bail!("the cluster name is empty");
     }
-    let endpoints = session::endpoints(&config.hub_url)?;
+    let tls = session::client_tls(config.hub_ca_pem.as_deref());
+    let endpoints = session::endpoints(&config.hub_url, tls.as_ref())?;
     let shim_exe = match options.shim_exe {
         Some(path) => path,
         None => std::env::current_exe()
@@ -148,7 +149,7 @@ pub async fn run_with(
     sweep_checkpoints(&config.data_dir.join("checkpoints"), CHECKPOINT_RETENTION);
     let (inputs_tx, inputs_rx) = mpsc::channel(INPUT_CHANNEL_CAPACITY);
     let (events_tx, events_rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
-    let dialer = tokio::spawn(session::dial_loop(endpoints, inputs_tx));
+    let dialer = tokio::spawn(session::dial_loop(endpoints, tls, inputs_tx));
     let result = match config.driver.clone() {
         DriverConfig::Local => {
             let driver = driver::local::LocalDriver::new(
@@ -207,6 +208,7 @@ mod tests {
             nodes: vec![],
             data_dir: PathBuf::from("/nonexistent"),
             token: None,
+            hub_ca_pem: None,
             driver: Default::default(),
         };
         let fut = run(config, async {});

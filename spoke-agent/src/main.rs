@@ -53,6 +53,9 @@ struct Args {
     /// Shared secret the hub requires from spokes.
     #[arg(long, env = "AXLE_SPOKE_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// PEM CA certificate(s) that signed the hub's TLS certificate (for https:// hub URLs).
+    #[arg(long, env = "AXLE_CA_FILE", value_name = "FILE")]
+    ca_file: Option<PathBuf>,
     /// How work runs: `local` (processes on this host) or `kubernetes`
     /// (Jobs in the cluster of the kubeconfig or the pod this runs in).
     #[arg(long, value_enum, default_value = "local", env = "AXLE_SPOKE_DRIVER")]
@@ -167,7 +170,15 @@ fn real_main(args: Args) -> anyhow::Result<()> {
     let data_dir = args
         .data_dir
         .unwrap_or_else(|| std::env::temp_dir().join(format!("axle-spoke-{}", args.cluster)));
+    let hub_ca_pem = match &args.ca_file {
+        Some(p) => Some(
+            std::fs::read(p)
+                .with_context(|| format!("--ca-file {}: cannot read it", p.display()))?,
+        ),
+        None => None,
+    };
     let config = SpokeConfig {
+        hub_ca_pem,
         hub_url: args.hub_url,
         cluster: args.cluster,
         region: args.region,

@@ -9,7 +9,7 @@ use axle_proto::pb;
 use axle_proto::pb::spoke_service_client::SpokeServiceClient;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 use crate::agent::Input;
 
@@ -80,16 +80,27 @@ impl Backoff {
     }
 }
 
-/// The hub endpoint with the spoke's timeouts and keepalive.
-pub fn endpoint(hub_url: &str) -> anyhow::Result<Endpoint> {
-    if hub_url.starts_with("https://") {
-        anyhow::bail!(
-            "hub URL {hub_url:?}: TLS to the hub is not supported by this spoke yet; use an http:// URL"
-        );
-    }
-    let endpoint = Endpoint::from_shared(hub_url.to_string()).with_context(|| {
+/// TLS to the hub trusting the CA certificate(s) in `ca_pem` (`--ca-file`).
+pub fn client_tls(ca_pem: Option<&[u8]>) -> Option<ClientTlsConfig> {
+    ca_pem.map(|pem| ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
+}
+
+/// The hub endpoint with the spoke's timeouts and keepalive; `https://` URLs with `tls`.
+pub fn endpoint(hub_url: &str, tls: Option<&ClientTlsConfig>) -> anyhow::Result<Endpoint> {
+    let mut endpoint = Endpoint::from_shared(hub_url.to_string()).with_context(|| {
         format!("invalid hub URL {hub_url:?}; expected e.g. http://127.0.0.1:7071")
     })?;
+    if hub_url.starts_with("https://") {
+        let Some(tls) = tls else {
+            anyhow::bail!(
+                "hub URL {hub_url:?} is TLS: give the CA that signed the hub's certificate \
+                 with --ca-file (or AXLE_CA_FILE)"
+            );
+        };
+        endpoint = endpoint
+            .tls_config(tls.clone())
+            .with_context(|| format!("hub URL {hub_url:?}: TLS settings"))?;
+    }
     Ok(endpoint
         .connect_timeout(CONNECT_TIMEOUT)
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
@@ -99,7 +110,7 @@ pub fn endpoint(hub_url: &str) -> anyhow::Result<Endpoint> {
 }
 
 /// The endpoints of `--hub a,b,c` (one or more hub replicas), in order.
-pub fn endpoints(hub_urls: &str) -> anyhow::Result<Vec<Endpoint>> {
+pub fn endpoints(hub_urls: &str, tls: Option<&ClientTlsConfig>) -> anyhow::Result<Vec<Endpoint>> {
     let urls: Vec<&str> = hub_urls
         .split(',')
         .map(str::trim)
@@ -114,23 +125,27 @@ pub fn endpoints(hub_urls: &str) -> anyhow::Result<Vec<Endpoint>> {
             urls.len()
         );
     }
-    urls.into_iter().map(endpoint).collect()
+    urls.into_iter().map(|u| endpoint(u, tls)).collect()
 }
 
 /// The leader a replica that does not lead named, if it did.
-fn leader_hint(status: &tonic::Status) -> Option<Endpoint> {
+fn leader_hint(status: &tonic::Status, tls: Option<&ClientTlsConfig>) -> Option<Endpoint> {
     if status.code() != tonic::Code::Unavailable {
         return None;
     }
     let url = status.metadata().get(LEADER_METADATA)?.to_str().ok()?;
-    endpoint(url).ok()
+    endpoint(url, tls).ok()
 }
 
 /// Dials the hub forever, going round the replicas of `endpoints` (and
 /// straight to the leader a follower names); each session is announced to
 /// the agent with `Connected` (carrying the sender for the upward stream)
 /// and closed with `Disconnected`. Returns only when the agent is gone.
-pub async fn dial_loop(endpoints: Vec<Endpoint>, inputs: mpsc::Sender<Input>) {
+pub async fn dial_loop(
+    endpoints: Vec<Endpoint>,
+    tls: Option<ClientTlsConfig>,
+    inputs: mpsc::Sender<Input>,
+) {
     let mut backoff = Backoff::default();
     let mut failed_dials: u32 = 0;
     let mut next = 0usize;
@@ -181,7 +196,7 @@ pub async fn dial_loop(endpoints: Vec<Endpoint>, inputs: mpsc::Sender<Input>) {
                         }
                     }
                     Err(status) => {
-                        hint = leader_hint(&status);
+                        hint = leader_hint(&status, tls.as_ref());
                         match &hint {
                             Some(leader) => {
                                 tracing::info!(hub = %url, leader = %leader.uri(), "hub replica does not lead; dialing the leader")
@@ -229,10 +244,11 @@ mod tests {
 
     #[test]
     fn endpoint_rejects_bad_urls_clearly() {
-        assert!(endpoint("http://127.0.0.1:7071").is_ok());
-        let err = endpoint("not a url").expect_err("bad");
+        assert!(endpoint("http://127.0.0.1:7071", None).is_ok());
+        let err = endpoint("not a url", None).expect_err("bad");
         assert!(format!("{err:#}").contains("invalid hub URL"), "{err:#}");
-        let err = endpoint("https://hub:7071").expect_err("tls");
-        assert!(err.to_string().contains("TLS"), "{err}");
+        let err = endpoint("https://hub:7071", None).expect_err("tls without a CA");
+        assert!(err.to_string().contains("--ca-file"), "{err}");
+        assert!(endpoint("https://hub:7071", client_tls(Some(b"")).as_ref()).is_ok());
     }
 }

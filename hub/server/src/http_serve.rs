@@ -98,12 +98,14 @@ fn evict_oldest_idle(conns: &Conns) -> bool {
     }
 }
 
-/// Serves `app` on `listener` under `limits` until `shutdown` resolves,
-/// then drains open connections for at most `DRAIN_DEADLINE`.
+/// Serves `app` on `listener` under `limits` (over TLS with `tls`) until
+/// `shutdown` resolves, then drains open connections for at most
+/// `DRAIN_DEADLINE`.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let conns: Conns = Arc::default();
@@ -135,7 +137,7 @@ pub async fn serve(
         let id = next_id;
         next_id += 1;
         let in_flight = Arc::new(AtomicUsize::new(0));
-        let (close, mut closed) = watch::channel(false);
+        let (close, closed) = watch::channel(false);
         conns.lock().unwrap_or_else(|p| p.into_inner()).insert(
             id,
             Conn {
@@ -145,54 +147,18 @@ pub async fn serve(
         );
         let app = app.clone();
         let conns2 = conns.clone();
+        let tls = tls.clone();
         tasks.spawn(async move {
-            let epoch = Instant::now();
-            let last = Arc::new(AtomicU64::new(0));
-            let (count, last2) = (in_flight.clone(), last.clone());
-            let svc =
-                tower::service_fn(move |req: axum::extract::Request<hyper::body::Incoming>| {
-                    let guard = InFlight::new(count.clone(), last2.clone(), epoch);
-                    let app = app.clone();
-                    async move {
-                        let res =
-                            tower::ServiceExt::oneshot(app, req.map(axum::body::Body::new)).await;
-                        drop(guard);
-                        res
-                    }
-                });
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout);
-            let conn =
-                builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc));
-            tokio::pin!(conn);
-            let mut tick = tokio::time::interval(limits.idle_timeout.min(Duration::from_secs(1)));
-            let mut graceful = false;
-            loop {
-                tokio::select! {
-                    r = conn.as_mut() => {
-                        if let Err(e) = r {
-                            debug!("HTTP connection from {peer}: {e}");
+            match tls {
+                None => connection(stream, peer, app, limits, in_flight, closed).await,
+                Some(acceptor) => {
+                    let hello = crate::tls::HANDSHAKE_TIMEOUT.min(limits.header_read_timeout);
+                    match tokio::time::timeout(hello, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            connection(stream, peer, app, limits, in_flight, closed).await;
                         }
-                        break;
-                    }
-                    _ = closed.changed(), if !graceful => {
-                        if in_flight.load(Ordering::SeqCst) == 0 {
-                            break; // idle: drop it now
-                        }
-                        conn.as_mut().graceful_shutdown();
-                        graceful = true;
-                    }
-                    _ = tick.tick() => {
-                        let idle_ms = epoch.elapsed().as_millis() as u64
-                            - last.load(Ordering::SeqCst);
-                        if in_flight.load(Ordering::SeqCst) == 0
-                            && idle_ms >= limits.idle_timeout.as_millis() as u64
-                        {
-                            break;
-                        }
+                        Ok(Err(e)) => debug!("HTTP: TLS handshake with {peer} failed: {e}"),
+                        Err(_) => debug!("HTTP: TLS handshake with {peer} timed out"),
                     }
                 }
             }
@@ -208,4 +174,66 @@ pub async fn serve(
     })
     .await;
     Ok(())
+}
+
+/// Serves one connection (plain or TLS) until it ends, is idle for
+/// `limits.idle_timeout`, or `closed` says so (gracefully when a request is
+/// in flight).
+async fn connection<IO>(
+    stream: IO,
+    peer: std::net::SocketAddr,
+    app: Router,
+    limits: HttpLimits,
+    in_flight: Arc<AtomicUsize>,
+    mut closed: watch::Receiver<bool>,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let epoch = Instant::now();
+    let last = Arc::new(AtomicU64::new(0));
+    let (count, last2) = (in_flight.clone(), last.clone());
+    let svc = tower::service_fn(move |req: axum::extract::Request<hyper::body::Incoming>| {
+        let guard = InFlight::new(count.clone(), last2.clone(), epoch);
+        let app = app.clone();
+        async move {
+            let res = tower::ServiceExt::oneshot(app, req.map(axum::body::Body::new)).await;
+            drop(guard);
+            res
+        }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc));
+    tokio::pin!(conn);
+    let mut tick = tokio::time::interval(limits.idle_timeout.min(Duration::from_secs(1)));
+    let mut graceful = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    debug!("HTTP connection from {peer}: {e}");
+                }
+                break;
+            }
+            _ = closed.changed(), if !graceful => {
+                if in_flight.load(Ordering::SeqCst) == 0 {
+                    break; // idle: drop it now
+                }
+                conn.as_mut().graceful_shutdown();
+                graceful = true;
+            }
+            _ = tick.tick() => {
+                let idle_ms = epoch.elapsed().as_millis() as u64
+                    - last.load(Ordering::SeqCst);
+                if in_flight.load(Ordering::SeqCst) == 0
+                    && idle_ms >= limits.idle_timeout.as_millis() as u64
+                {
+                    break;
+                }
+            }
+        }
+    }
 }

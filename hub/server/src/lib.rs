@@ -18,6 +18,7 @@ pub mod records;
 pub mod request_limits;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod views;
 
 #[cfg(test)]

@@ -41,6 +41,13 @@ struct Args {
     /// Shared secret spokes must present.
     #[arg(long, env = "AXLE_SPOKE_TOKEN")]
     spoke_token: Option<String>,
+    /// PEM certificate (chain) the HTTP API and gRPC serve TLS with; clients then use
+    /// https:// URLs and trust its CA (`--ca-file`).
+    #[arg(long, env = "AXLE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "AXLE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// The hub with nothing to set up: the example policy (unless
     /// --policy) and a temporary data dir (unless --data-dir). For the whole
     /// dev stack with spokes, run `axle-dev`.
@@ -253,7 +260,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
             args.grpc
         );
     }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(axle_hub::tls::ServerTls::from_files(cert, key)?),
+        _ => None,
+    };
     let mut listeners = server::Listeners::bind(args.http, args.grpc).await?;
+    listeners.tls = tls;
     listeners.http_limits = axle_hub::http_serve::HttpLimits {
         max_connections: args.http_max_connections as usize,
         idle_timeout: std::time::Duration::from_secs(args.http_idle_timeout_s),

@@ -34,6 +34,8 @@ pub struct Listeners {
     pub grpc: TcpListener,
     /// Limits on the HTTP API's connections.
     pub http_limits: HttpLimits,
+    /// TLS on both listeners (`--tls-cert`, `--tls-key`); plaintext when `None`.
+    pub tls: Option<crate::tls::ServerTls>,
 }
 
 impl Listeners {
@@ -46,16 +48,30 @@ impl Listeners {
                 .await
                 .with_context(|| format!("cannot listen for gRPC on {grpc}"))?,
             http_limits: HttpLimits::default(),
+            tls: None,
         })
+    }
+
+    /// The URL scheme clients use: `https` with TLS.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
     }
 }
 
-/// The gRPC server with the hub's keepalive and stream limits.
-pub(crate) fn grpc_server() -> tonic::transport::Server {
-    tonic::transport::Server::builder()
+/// The gRPC server with the hub's keepalive and stream limits, and TLS when given.
+pub(crate) fn grpc_server(
+    tls: Option<&crate::tls::ServerTls>,
+) -> anyhow::Result<tonic::transport::Server> {
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        server = server
+            .tls_config(tls.grpc())
+            .context("TLS for gRPC (--tls-cert, --tls-key)")?;
+    }
+    Ok(server
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
-        .max_concurrent_streams(Some(GRPC_MAX_STREAMS_PER_CONNECTION))
+        .max_concurrent_streams(Some(GRPC_MAX_STREAMS_PER_CONNECTION)))
 }
 
 /// The spoke session service of `hub`, with the message size limit.
@@ -123,7 +139,8 @@ pub async fn run_on(
     .await?;
     let http_addr = listeners.http.local_addr()?;
     let grpc_addr = listeners.grpc.local_addr()?;
-    info!("HTTP API on http://{http_addr}, gRPC on {grpc_addr}");
+    let scheme = listeners.scheme();
+    info!("HTTP API on {scheme}://{http_addr}, gRPC on {scheme}://{grpc_addr}");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -136,10 +153,17 @@ pub async fn run_on(
 
     let hub_for_drain = hub.clone();
     let app = crate::http::router(hub.clone());
-    let http = crate::http_serve::serve(listeners.http, app, listeners.http_limits, async move {
-        let _ = http_stop.wait_for(|s| *s).await;
-    });
-    let grpc = grpc_server()
+    let acceptor = listeners.tls.as_ref().map(|t| t.acceptor());
+    let http = crate::http_serve::serve(
+        listeners.http,
+        app,
+        listeners.http_limits,
+        acceptor,
+        async move {
+            let _ = http_stop.wait_for(|s| *s).await;
+        },
+    );
+    let grpc = grpc_server(listeners.tls.as_ref())?
         .add_service(spoke_service(hub.clone()))
         .add_service(user_service(hub))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), async move {

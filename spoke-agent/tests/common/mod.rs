@@ -356,6 +356,7 @@ pub fn start_spoke(hub: &TestHub) -> Spoke {
         nodes: nodes(),
         data_dir: data_dir.path().to_path_buf(),
         token: Some("s3cret".into()),
+        hub_ca_pem: None,
         driver: Default::default(),
     };
     let (tx, rx) = oneshot::channel::<()>();

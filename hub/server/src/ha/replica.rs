@@ -121,10 +121,17 @@ pub async fn run(
         me,
         warm,
     });
-    let http = crate::http_serve::serve(listeners.http, app, listeners.http_limits, async move {
-        let _ = http_stop.wait_for(|s| *s).await;
-    });
-    let grpc = server::grpc_server()
+    let acceptor = listeners.tls.as_ref().map(|t| t.acceptor());
+    let http = crate::http_serve::serve(
+        listeners.http,
+        app,
+        listeners.http_limits,
+        acceptor,
+        async move {
+            let _ = http_stop.wait_for(|s| *s).await;
+        },
+    );
+    let grpc = server::grpc_server(listeners.tls.as_ref())?
         .add_service(GrpcSwitch::new(role.clone(), front::spoke_of))
         .add_service(GrpcSwitch::new(role.clone(), front::user_of))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), async move {

@@ -36,6 +36,8 @@ pub struct Options {
     pub policy: Option<Policy>,
     pub spoke_token: Option<String>,
     pub http_limits: Option<HttpLimits>,
+    /// TLS on both listeners.
+    pub tls: Option<axle_hub::tls::ServerTls>,
 }
 
 pub async fn start_hub(o: Options) -> TestHub {
@@ -49,6 +51,7 @@ pub async fn start_hub(o: Options) -> TestHub {
     if let Some(limits) = o.http_limits {
         listeners.http_limits = limits;
     }
+    listeners.tls = o.tls;
     let http = listeners.http.local_addr().expect("addr");
     let grpc = listeners.grpc.local_addr().expect("addr");
     let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
