@@ -97,10 +97,10 @@ struct ReplicaArgs {
     /// Unique name of this replica (default: host name and HTTP port).
     #[arg(long, env = "AXLE_REPLICA_ID")]
     replica_id: Option<String>,
-    /// The HTTP URL other replicas send clients to (default: http://--http).
+    /// The HTTP URL other replicas send clients to (default: http://--http, https:// with --tls-cert).
     #[arg(long, env = "AXLE_ADVERTISE_HTTP")]
     advertise_http: Option<String>,
-    /// The gRPC URL other replicas send spokes to (default: http://--grpc).
+    /// The gRPC URL other replicas send spokes to (default: http://--grpc, https:// with --tls-cert).
     #[arg(long, env = "AXLE_ADVERTISE_GRPC")]
     advertise_grpc: Option<String>,
     /// The replica's lease in etcd: a leader that stops renewing it is replaced after this.
@@ -307,6 +307,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let r = &args.replica;
             let http = listeners.http.local_addr()?;
             let grpc = listeners.grpc.local_addr()?;
+            let scheme = listeners.scheme();
             let host = std::env::var("HOSTNAME").unwrap_or_else(|_| http.ip().to_string());
             let ha = HaOptions {
                 replica_id: r
@@ -316,11 +317,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 advertise_http: r
                     .advertise_http
                     .clone()
-                    .unwrap_or_else(|| format!("http://{http}")),
+                    .unwrap_or_else(|| format!("{scheme}://{http}")),
                 advertise_grpc: r
                     .advertise_grpc
                     .clone()
-                    .unwrap_or_else(|| format!("http://{grpc}")),
+                    .unwrap_or_else(|| format!("{scheme}://{grpc}")),
                 lease_ttl: std::time::Duration::from_millis(r.lease_ttl_ms),
                 compaction_interval: std::time::Duration::from_secs(r.compaction_interval_s),
             };
