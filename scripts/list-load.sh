@@ -15,7 +15,7 @@ cargo build --release --workspace -q
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 grpc=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 data=$(mktemp -d)
-target/release/axle-hub --dev --http "127.0.0.1:$port" --grpc "127.0.0.1:$grpc" --data-dir "$data" \
+target/release/axle-hub --dev --auth none --http "127.0.0.1:$port" --grpc "127.0.0.1:$grpc" --data-dir "$data" \
   >"$data/hub.log" 2>&1 &
 hub=$!
 trap 'kill $hub 2>/dev/null; wait $hub 2>/dev/null; rm -rf "$data"' EXIT

@@ -24,7 +24,7 @@ sed -i -e 's/^  retainFinishedHours: .*/  retainFinishedHours: 0.1/' \
        -e 's/^  retainEventsDays: .*/  retainEventsDays: 0.005/' "$work/policy/settings.yaml"
 grep -q 'retainFinishedHours: 0.1' "$work/policy/settings.yaml"
 
-RUST_LOG=warn "$bin/axle-dev" --policy "$work/policy" --data-dir "$work/data" \
+RUST_LOG=warn "$bin/axle-dev" --no-auth --policy "$work/policy" --data-dir "$work/data" \
   --http "127.0.0.1:$HTTP_PORT" --grpc "127.0.0.1:$GRPC_PORT" >"$work/dev.log" 2>&1 &
 dev=$!
 trap 'kill $dev 2>/dev/null || true; wait $dev 2>/dev/null || true' EXIT

@@ -132,6 +132,8 @@ pub struct Client {
     current: Arc<AtomicUsize>,
     base: Url,
     http: reqwest::Client,
+    /// The API token sent with every request (`--token`, `AXLE_TOKEN`, `axle login`).
+    token: Option<String>,
 }
 
 /// Parses one hub URL, with a path that ends in '/'.
@@ -195,6 +197,7 @@ impl Client {
             current: Arc::new(AtomicUsize::new(0)),
             base,
             http,
+            token: None,
         })
     }
 
@@ -256,11 +259,11 @@ impl Client {
     }
 
     /// Sends one request; decodes a 2xx body as `T`, anything else as an error.
-    async fn call<T: DeserializeOwned>(
+    async fn call<T: DeserializeOwned, B: serde::Serialize + ?Sized>(
         &self,
         method: Method,
         url: Url,
-        body: Option<&SubmitRequest>,
+        body: Option<&B>,
     ) -> Result<(StatusCode, T), ClientError> {
         let what = format!("{method} {}", url.path());
         let mut req = self.http.request(method, url);
@@ -299,10 +302,11 @@ impl Client {
             hub: self.hub().to_string(),
             reason: transport_reason(&e),
         };
-        let req = req
-            .header(reqwest::header::ACCEPT_ENCODING, "gzip")
-            .build()
-            .map_err(unreachable)?;
+        let mut req = req.header(reqwest::header::ACCEPT_ENCODING, "gzip");
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let req = req.build().map_err(unreachable)?;
         let resp = self.execute(req).await.map_err(unreachable)?;
         let status = resp.status();
         let gzip = resp
@@ -337,7 +341,9 @@ impl Client {
         query: &[(&str, String)],
     ) -> Result<T, ClientError> {
         let url = self.url(path, query);
-        self.call(Method::GET, url, None).await.map(|(_, v)| v)
+        self.call(Method::GET, url, None::<&()>)
+            .await
+            .map(|(_, v)| v)
     }
 
     /// `POST /api/v1/workloads`. With an idempotency key, a transport error is
@@ -353,7 +359,7 @@ impl Client {
         loop {
             let url = self.url("api/v1/workloads", &[]);
             match self
-                .call::<WorkloadView>(Method::POST, url, Some(req))
+                .call::<WorkloadView, _>(Method::POST, url, Some(req))
                 .await
             {
                 Ok((status, view)) => {
@@ -441,7 +447,9 @@ impl Client {
     /// `DELETE /api/v1/workloads/{id}`.
     pub async fn cancel(&self, id: u64) -> Result<WorkloadView, ClientError> {
         let url = self.url(&format!("api/v1/workloads/{id}"), &[]);
-        self.call(Method::DELETE, url, None).await.map(|(_, v)| v)
+        self.call(Method::DELETE, url, None::<&()>)
+            .await
+            .map(|(_, v)| v)
     }
 
     /// `GET /api/v1/workloads/{id}/logs?offset=N`.
@@ -472,6 +480,30 @@ impl Client {
     /// `GET /api/v1/hubs`.
     pub async fn hubs(&self) -> Result<HubsView, ClientError> {
         self.get("api/v1/hubs", &[]).await
+    }
+
+    /// Sends `token` with every request from now on.
+    pub fn with_token(mut self, token: Option<String>) -> Client {
+        self.token = token;
+        self
+    }
+
+    /// `GET /api/v1/whoami`: the caller as the hub sees them.
+    pub async fn whoami(&self) -> Result<serde_json::Value, ClientError> {
+        self.get("api/v1/whoami", &[]).await
+    }
+
+    /// `POST /api/v1/tokens`: a new API token for `user` (platform admins).
+    pub async fn create_token(
+        &self,
+        user: &str,
+        ttl_s: u64,
+    ) -> Result<serde_json::Value, ClientError> {
+        let url = self.url("api/v1/tokens", &[]);
+        let body = serde_json::json!({"user": user, "ttl_s": ttl_s});
+        self.call(Method::POST, url, Some(&body))
+            .await
+            .map(|(_, v)| v)
     }
 
     /// `GET /api/v1/teams`.

@@ -9,6 +9,7 @@
 //! 2 usage error; 3 cannot reach the hub or the hub failed (5xx).
 
 mod args;
+mod auth_cmd;
 mod bench_cmd;
 mod bench_soak;
 mod client;
@@ -42,6 +43,9 @@ struct Cli {
     /// PEM CA certificate(s) to trust for an https:// hub, besides the system's.
     #[arg(long, global = true, env = "AXLE_CA_FILE")]
     ca_file: Option<std::path::PathBuf>,
+    /// API token (default: the one `axle login` saved).
+    #[arg(long, global = true, env = "AXLE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -67,6 +71,13 @@ enum Command {
     /// Load generators against a running hub.
     #[command(subcommand)]
     Bench(bench_cmd::BenchCommand),
+    /// Save an API token for the hub (checked first) in ~/.config/axle/config.yaml.
+    Login(auth_cmd::LoginArgs),
+    /// Who the hub takes you for, and your roles.
+    Whoami,
+    /// API tokens (platform admins).
+    #[command(subcommand)]
+    Token(auth_cmd::TokenCommand),
     /// Print a shell completion script: `source <(axle completion bash)`.
     Completion {
         #[arg(value_enum)]
@@ -107,7 +118,7 @@ fn main() -> ExitCode {
             // reqwest is built with `rustls-no-provider`: install one before
             // any client exists, or building it panics.
             client::install_crypto_provider();
-            match run_hub_command(&cli.hub, cli.ca_file.as_deref(), command) {
+            match run_hub_command(&cli.hub, cli.ca_file.as_deref(), cli.token, command) {
                 Ok(code) => code,
                 Err(e) => {
                     let (code, lines) = exit::classify(&e);
@@ -135,6 +146,7 @@ fn offline(result: anyhow::Result<ExitCode>) -> ExitCode {
 fn run_hub_command(
     hub: &str,
     ca_file: Option<&std::path::Path>,
+    token: Option<String>,
     command: Command,
 ) -> anyhow::Result<ExitCode> {
     let ca = match ca_file {
@@ -143,8 +155,15 @@ fn run_hub_command(
         })?),
         None => None,
     };
+    let token = match token.filter(|t| !t.is_empty()) {
+        Some(t) => Some(t),
+        None => auth_cmd::load_config()
+            .map_err(|e| exit::UsageError(format!("{e:#}")))?
+            .and_then(|c| c.token),
+    };
     let client = client::Client::with_ca(hub, ca.as_deref())
-        .map_err(|e| exit::UsageError(format!("{e:#}")))?;
+        .map_err(|e| exit::UsageError(format!("{e:#}")))?
+        .with_token(token);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -156,6 +175,9 @@ fn run_hub_command(
             Command::Cancel(a) => workload_cmd::cancel(&client, a).await,
             Command::Logs(a) => logs_cmd::logs(&client, a).await,
             Command::Bench(c) => bench_cmd::run(&client, c).await,
+            Command::Login(a) => auth_cmd::login(&client, hub, a).await,
+            Command::Whoami => auth_cmd::whoami(&client).await,
+            Command::Token(c) => auth_cmd::token(&client, c).await,
             Command::Policy(_) | Command::Simulate(_) | Command::Completion { .. } => {
                 unreachable!("offline commands are dispatched in main")
             }

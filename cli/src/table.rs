@@ -40,7 +40,7 @@ pub const TEAM_HEADERS: &[&str] = &[
 ];
 pub const TEAM_VOLATILE: &[usize] = &[];
 
-pub const EVENT_HEADERS: &[&str] = &["TIME", "KIND", "WORKLOAD", "CLUSTER", "MESSAGE"];
+pub const EVENT_HEADERS: &[&str] = &["TIME", "KIND", "WORKLOAD", "CLUSTER", "ACTOR", "MESSAGE"];
 
 /// Widths `-w` starts a workload table with, so the usual changes (a state
 /// becoming `Succeeded`, an age growing) do not widen it and reprint the
@@ -381,6 +381,7 @@ pub fn event_row(e: &EventView) -> Row {
             e.workload
                 .map_or_else(|| "-".to_string(), |w| w.to_string()),
             dash(e.cluster.as_deref()),
+            dash(e.actor.as_deref()),
             e.message.clone(),
         ],
     }
@@ -720,16 +721,19 @@ pub(crate) mod tests {
             cluster: Some("eu-1".into()),
             message: "workload 12 placed on eu-1 (node-0 GPU 3)".into(),
             policy_revision: "r1".into(),
+            actor: Some("alice".into()),
+            auth: Some("token 0a1b2c3d4e5f".into()),
         };
         let mut bare = e.clone();
         bare.workload = None;
         bare.cluster = None;
         bare.message = "hub started\u{1b}[2J".into();
+        bare.actor = None;
         assert_eq!(
             events_table(&[e, bare]),
-            "TIME                       KIND     WORKLOAD   CLUSTER   MESSAGE\n\
-             2023-11-14 22:13:20.000Z   placed   12         eu-1      workload 12 placed on eu-1 (node-0 GPU 3)\n\
-             2023-11-14 22:13:20.000Z   placed   -          -         hub started\\u{1b}[2J\n"
+            "TIME                       KIND     WORKLOAD   CLUSTER   ACTOR   MESSAGE\n\
+             2023-11-14 22:13:20.000Z   placed   12         eu-1      alice   workload 12 placed on eu-1 (node-0 GPU 3)\n\
+             2023-11-14 22:13:20.000Z   placed   -          -         -       hub started\\u{1b}[2J\n"
         );
     }
 

@@ -34,6 +34,9 @@ struct Args {
     /// Policy repository (default: the embedded example policy).
     #[arg(long, env = "AXLE_POLICY")]
     policy: Option<PathBuf>,
+    /// No authentication: every caller is a platform admin (loopback only; for scripts).
+    #[arg(long)]
+    no_auth: bool,
 }
 
 /// The dev spokes: eu-1 with 2 nodes × 8 H100 80GB, us-1 with 1 node × 4 A100 80GB.
@@ -84,10 +87,34 @@ fn dev_spokes(grpc_url: &str, data_dir: &std::path::Path, policy: &Policy) -> Ve
 
 async fn run(
     data_dir: PathBuf,
-    policy: Policy,
-    listeners: axle_hub::server::Listeners,
+    mut policy: Policy,
+    mut listeners: axle_hub::server::Listeners,
+    no_auth: bool,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let login = if no_auth {
+        let loopback = [&listeners.http, &listeners.grpc]
+            .iter()
+            .all(|l| l.local_addr().is_ok_and(|a| a.ip().is_loopback()));
+        if !loopback {
+            anyhow::bail!("--no-auth: without authentication the hub listens on loopback only");
+        }
+        listeners.auth = axle_hub::auth::AuthMode::None;
+        "no authentication (--no-auth): every caller is a platform admin".to_string()
+    } else {
+        // A dev user (a platform admin) with a token, as `axle-hub --dev` has.
+        let now = axle_hub::hub::Clock::system().now_ms();
+        let (record, token) = axle_hub::auth::dev_token(now)?;
+        let dev_user = axle_hub::auth::DEV_USER.to_string();
+        if !policy.settings.platform_admins.contains(&dev_user) {
+            policy.settings.platform_admins.push(dev_user);
+        }
+        listeners.auth = axle_hub::auth::AuthMode::Tokens;
+        listeners.bootstrap_token = Some(record);
+        format!(
+            "user dev (a platform admin); its API token, valid one day:\n  export AXLE_TOKEN={token}"
+        )
+    };
     let http = listeners.http.local_addr()?;
     let grpc = listeners.grpc.local_addr()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -110,7 +137,8 @@ async fn run(
         "\nAxle hub (dev) is up: HTTP http://{http}  gRPC {grpc}  data {}\n\
          spokes: eu-1 (2 nodes × 8 H100, {}), us-1 (1 node × 4 A100, {})\n\
          teams: {}\n\n\
-         try, in another terminal (AXLE_HUB=http://{http}):\n  \
+         {login}\n\n\
+         try, in another terminal (AXLE_HUB=http://{http}, and AXLE_TOKEN as above):\n  \
          {axle} submit --team vision --gpus 0.25 --priority development -- sleep 60\n  \
          {axle} submit --team nlp --gpus 8 --gang 2 --priority training -- sleep 120\n  \
          {axle} get workloads\n  \
@@ -193,7 +221,7 @@ async fn start(args: Args) -> anyhow::Result<()> {
             _ = sigterm.recv() => {}
         }
     };
-    run(data_dir, policy, listeners, shutdown).await
+    run(data_dir, policy, listeners, args.no_auth, shutdown).await
 }
 
 /// How to run the CLI from here: the `axle` built beside this binary when

@@ -354,4 +354,7 @@ pub struct SettingsSpec {
     /// (default 67108864, 64 MiB).
     #[serde(default)]
     pub max_log_bytes_per_workload: Option<Loc<u64>>,
+    /// Users who may do anything on the hub: every team's work, API tokens.
+    #[serde(default)]
+    pub platform_admins: Vec<Loc<String>>,
 }

@@ -306,6 +306,8 @@ pub struct Settings {
     pub retain_events_ms: u64,
     /// Log bytes kept per workload run (head and most recent tail).
     pub max_log_bytes_per_workload: u64,
+    /// Users who may do anything on the hub (`platformAdmins`).
+    pub platform_admins: Vec<String>,
 }
 
 /// Default `retainFinishedHours`: a week, long enough to look back at last
@@ -339,6 +341,7 @@ impl Default for Settings {
             retain_finished_ms: DEFAULT_RETAIN_FINISHED_HOURS * 3_600_000,
             retain_events_ms: DEFAULT_RETAIN_EVENTS_DAYS * 86_400_000,
             max_log_bytes_per_workload: DEFAULT_MAX_LOG_BYTES_PER_WORKLOAD,
+            platform_admins: Vec::new(),
         }
     }
 }

@@ -250,6 +250,19 @@ fn settings(docs: &Docs, rep: &mut Reporter<'_>) -> (Settings, Option<(Pos, Stri
         settings.default_priority_class = c.value.clone();
         default_class = Some((first.at(c), first.path("defaultPriorityClass")));
     }
+    for (i, u) in s.platform_admins.iter().enumerate() {
+        let name = u.value.trim();
+        if name.is_empty() || name != u.value || name.chars().any(char::is_control) {
+            rep.error(
+                first.at(u),
+                first.path(&format!("platformAdmins[{i}]")),
+                format!("invalid user name `{}`", u.value),
+                "a user name as your tokens or SSO name them, e.g. `alice`",
+            );
+        } else if !settings.platform_admins.iter().any(|k| k == name) {
+            settings.platform_admins.push(name.to_string());
+        }
+    }
     for (i, c) in s.gpu_classes.iter().enumerate() {
         let path = format!("gpuClasses[{i}]");
         let name = c.value.trim();

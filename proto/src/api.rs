@@ -228,6 +228,12 @@ pub struct EventView {
     pub cluster: Option<String>,
     pub message: String,
     pub policy_revision: String,
+    /// The user whose call caused it (absent: the hub itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+    /// How the actor authenticated, e.g. `token 3f2a…`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<String>,
 }
 
 /// `GET /api/v1/workloads/{id}/logs?offset=N`.

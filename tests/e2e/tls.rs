@@ -77,7 +77,8 @@ async fn a_workload_runs_and_is_read_over_tls_from_hub_to_spoke_to_cli() {
     let log = std::fs::File::create(dir.path().join("hub.log")).unwrap();
     let _hub = Killed(
         Command::new(bin("axle-hub"))
-            .args(["--dev", "--http", &format!("127.0.0.1:{}", ports.http)])
+            .args(["--dev", "--auth", "none"])
+            .args(["--http", &format!("127.0.0.1:{}", ports.http)])
             .args(["--grpc", &format!("127.0.0.1:{}", ports.grpc)])
             .arg("--tls-cert")
             .arg(&cert)

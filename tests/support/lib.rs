@@ -330,7 +330,13 @@ impl HubProc {
             .arg(policy_dir)
             .args(extra_args)
             .env_remove("AXLE_SPOKE_TOKEN")
-            .env_remove("AXLE_STORE");
+            .env_remove("AXLE_STORE")
+            .env_remove("AXLE_AUTH");
+        // Scenarios about scheduling and faults run without users; those about
+        // users pass `--auth tokens`.
+        if !extra_args.iter().any(|a| a.starts_with("--auth")) {
+            cmd.args(["--auth", "none"]);
+        }
         Proc::spawn(&format!("axle-hub :{}", ports.http), cmd, log)
     }
 

@@ -166,6 +166,22 @@ impl UserSvc {
     pub fn new(hub: Arc<Hub>) -> UserSvc {
         UserSvc { hub }
     }
+
+    /// The caller, from the `authorization` metadata (`Bearer axle_…`).
+    fn caller<T>(&self, req: &Request<T>) -> Result<crate::auth::Identity, Status> {
+        let header = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        let view = self.hub.read();
+        crate::auth::authenticate(
+            self.hub.config.auth,
+            &view.tokens,
+            header,
+            self.hub.now_ms(),
+        )
+        .map_err(status_of)
+    }
 }
 
 #[tonic::async_trait]
@@ -174,10 +190,12 @@ impl pb::user_service_server::UserService for UserSvc {
         &self,
         req: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::Workload>, Status> {
+        let who = self.caller(&req)?;
         let (reply, rx) = oneshot::channel();
         self.hub
             .send(Command::Submit(
                 views::submit_from_pb(req.into_inner()),
+                who,
                 reply,
             ))
             .await
@@ -193,10 +211,11 @@ impl pb::user_service_server::UserService for UserSvc {
         &self,
         req: Request<pb::GetWorkloadRequest>,
     ) -> Result<Response<pb::Workload>, Status> {
+        let who = self.caller(&req)?;
         let id = req.into_inner().id;
-        let view = self
-            .hub
-            .read()
+        let read = self.hub.read();
+        crate::http::may_read(&read, &who, id).map_err(status_of)?;
+        let view = read
             .view(id)
             .ok_or_else(|| Status::not_found(format!("workload {id} not found")))?;
         Ok(Response::new(views::workload_pb(&view)))
@@ -206,6 +225,7 @@ impl pb::user_service_server::UserService for UserSvc {
         &self,
         req: Request<pb::ListWorkloadsRequest>,
     ) -> Result<Response<pb::ListWorkloadsResponse>, Status> {
+        let who = self.caller(&req)?;
         let r = req.into_inner();
         let opt = |s: String| if s.is_empty() { None } else { Some(s) };
         let params = crate::hub::ListParams {
@@ -216,8 +236,13 @@ impl pb::user_service_server::UserService for UserSvc {
             name_prefix: opt(r.name_prefix),
             limit: (r.limit > 0).then_some(r.limit as usize),
             continue_token: opt(r.continue_token),
+            visible_teams: None,
         };
         let read = self.hub.read();
+        let params = crate::hub::ListParams {
+            visible_teams: crate::auth::readable_teams(&read.policy, &who),
+            ..params
+        };
         let page = self
             .hub
             .with_list_permit(move || {
@@ -237,9 +262,10 @@ impl pb::user_service_server::UserService for UserSvc {
         &self,
         req: Request<pb::GetWorkloadRequest>,
     ) -> Result<Response<pb::Workload>, Status> {
+        let who = self.caller(&req)?;
         let (reply, rx) = oneshot::channel();
         self.hub
-            .send(Command::Cancel(req.into_inner().id, reply))
+            .send(Command::Cancel(req.into_inner().id, who, reply))
             .await
             .map_err(status_of)?;
         let view = rx

@@ -14,6 +14,7 @@ use axum::routing::get;
 use serde::Deserialize;
 use tokio::sync::oneshot;
 
+use crate::auth::{self, Action, Identity};
 use crate::hub::{Command, Hub, HubError, ListParams, ReadView};
 use crate::page_cache::{Body, Encoding, PageCache, Served};
 use crate::{logs, views};
@@ -39,6 +40,8 @@ pub fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v1/events", get(events))
         .route("/api/v1/policy", get(policy))
         .route("/api/v1/hubs", get(hubs))
+        .route("/api/v1/tokens", axum::routing::post(create_token))
+        .route("/api/v1/whoami", get(whoami))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ready" }))
         .fallback(|| async {
@@ -49,6 +52,7 @@ pub fn router(hub: Arc<Hub>) -> Router {
         })
         .layer(axum::Extension(Arc::new(PageCache::new())))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(hub.clone(), authenticated))
         .layer(axum::middleware::from_fn(json_errors))
         .layer(axum::middleware::from_fn(bounded_uri))
         .with_state(hub)
@@ -155,7 +159,125 @@ pub fn status_of(e: &HubError) -> StatusCode {
 }
 
 fn err(e: HubError) -> Response {
-    (status_of(&e), axum::Json(e.to_api())).into_response()
+    let challenge = matches!(e, HubError::Unauthenticated(_));
+    let mut r = (status_of(&e), axum::Json(e.to_api())).into_response();
+    if challenge {
+        r.headers_mut().insert(
+            axum::http::header::WWW_AUTHENTICATE,
+            axum::http::HeaderValue::from_static("Bearer realm=\"axle\""),
+        );
+    }
+    r
+}
+
+/// Every `/api/` call names its caller (see `crate::auth`): the handlers get
+/// an [`Identity`], and a call without valid credentials gets 401 here.
+async fn authenticated(
+    State(hub): State<Arc<Hub>>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !req.uri().path().starts_with("/api/") {
+        return next.run(req).await;
+    }
+    let header = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let view = hub.read();
+    match auth::authenticate(hub.config.auth, &view.tokens, header, hub.now_ms()) {
+        Ok(who) => {
+            req.extensions_mut().insert(who);
+            next.run(req).await
+        }
+        Err(e) => err(e),
+    }
+}
+
+/// `GET /api/v1/whoami`: the caller, and what they may do.
+async fn whoami(
+    State(hub): State<Arc<Hub>>,
+    axum::Extension(who): axum::Extension<Identity>,
+) -> Response {
+    let view = hub.read();
+    let policy = &view.policy;
+    let teams: std::collections::BTreeMap<&str, &str> = policy
+        .teams
+        .values()
+        .filter_map(|t| {
+            auth::role_in(policy, &who.user, &t.name).map(|r| {
+                (
+                    t.name.as_str(),
+                    match r {
+                        axle_policy::Role::Admin => "admin",
+                        axle_policy::Role::Member => "member",
+                        axle_policy::Role::Viewer => "viewer",
+                    },
+                )
+            })
+        })
+        .collect();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "user": who.user,
+            "authenticated_by": who.via,
+            "platform_admin": auth::is_platform_admin(policy, &who.user),
+            "teams": teams,
+        }),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenRequest {
+    user: String,
+    /// Seconds the token is valid (default 90 days, at most 366).
+    #[serde(default)]
+    ttl_s: u64,
+}
+
+/// `POST /api/v1/tokens` (platform admins): a new API token for a user,
+/// shown once.
+async fn create_token(
+    State(hub): State<Arc<Hub>>,
+    axum::Extension(who): axum::Extension<Identity>,
+    body: Bytes,
+) -> Response {
+    let req: TokenRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return err(HubError::bad(
+                format!(
+                    "malformed token request: {e}; expected JSON like {{\"user\":\"alice\",\"ttl_s\":86400}}"
+                ),
+                None,
+            ));
+        }
+    };
+    let (reply, rx) = oneshot::channel();
+    let cmd = Command::CreateToken {
+        user: req.user,
+        ttl_ms: req.ttl_s.saturating_mul(1000),
+        by: who,
+        reply,
+    };
+    if let Err(e) = hub.send(cmd).await {
+        return err(e);
+    }
+    match rx.await {
+        Ok(Ok((record, token))) => json(
+            StatusCode::CREATED,
+            &serde_json::json!({
+                "id": record.id,
+                "user": record.user,
+                "token": token,
+                "expires_at_ms": record.expires_at_ms,
+            }),
+        ),
+        Ok(Err(e)) => err(e),
+        Err(_) => err(hub.stopped()),
+    }
 }
 
 /// An error of the HTTP layer itself (routing, limits), with its status.
@@ -198,7 +320,11 @@ fn parse_id(s: &str) -> Result<u64, HubError> {
     })
 }
 
-async fn submit(State(hub): State<Arc<Hub>>, body: Bytes) -> Response {
+async fn submit(
+    State(hub): State<Arc<Hub>>,
+    axum::Extension(who): axum::Extension<Identity>,
+    body: Bytes,
+) -> Response {
     let req: SubmitRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -211,7 +337,7 @@ async fn submit(State(hub): State<Arc<Hub>>, body: Bytes) -> Response {
         }
     };
     let (reply, rx) = oneshot::channel();
-    if let Err(e) = hub.send(Command::Submit(req, reply)).await {
+    if let Err(e) = hub.send(Command::Submit(req, who, reply)).await {
         return err(e);
     }
     match rx.await {
@@ -230,11 +356,12 @@ async fn submit(State(hub): State<Arc<Hub>>, body: Bytes) -> Response {
 
 async fn list_workloads(
     State(hub): State<Arc<Hub>>,
+    axum::Extension(who): axum::Extension<Identity>,
     axum::Extension(pages): axum::Extension<Arc<PageCache>>,
     headers: axum::http::HeaderMap,
     q: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let q = match q {
+    let mut q = match q {
         Ok(Query(q)) => q,
         Err(e) => {
             return err(HubError::bad(
@@ -246,6 +373,7 @@ async fn list_workloads(
         }
     };
     let read = hub.read();
+    q.visible_teams = auth::readable_teams(&read.policy, &who);
     let encoding = accepted_encoding(&headers);
     let page = hub
         .with_list_permit(move || page_body(&read, &q, &pages, std::time::Instant::now(), encoding))
@@ -325,24 +453,45 @@ pub fn page_body(
     })
 }
 
-async fn get_workload(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {
+/// Whether `who` may read workload `id`: NotFound when it does not exist,
+/// PermissionDenied when it is another team's.
+pub fn may_read(read: &ReadView, who: &Identity, id: u64) -> Result<(), HubError> {
+    match read.workload(id) {
+        Some(w) => auth::may(&read.policy, who, &w.team, Action::Read),
+        None => Err(HubError::NotFound(format!("workload {id} not found"))),
+    }
+}
+
+async fn get_workload(
+    State(hub): State<Arc<Hub>>,
+    axum::Extension(who): axum::Extension<Identity>,
+    Path(id): Path<String>,
+) -> Response {
     let id = match parse_id(&id) {
         Ok(id) => id,
         Err(e) => return err(e),
     };
-    match hub.read().view(id) {
+    let read = hub.read();
+    if let Err(e) = may_read(&read, &who, id) {
+        return err(e);
+    }
+    match read.view(id) {
         Some(v) => json(StatusCode::OK, &v),
         None => err(HubError::NotFound(format!("workload {id} not found"))),
     }
 }
 
-async fn cancel(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {
+async fn cancel(
+    State(hub): State<Arc<Hub>>,
+    axum::Extension(who): axum::Extension<Identity>,
+    Path(id): Path<String>,
+) -> Response {
     let id = match parse_id(&id) {
         Ok(id) => id,
         Err(e) => return err(e),
     };
     let (reply, rx) = oneshot::channel();
-    if let Err(e) = hub.send(Command::Cancel(id, reply)).await {
+    if let Err(e) = hub.send(Command::Cancel(id, who, reply)).await {
         return err(e);
     }
     match rx.await {
@@ -366,6 +515,7 @@ struct LogQuery {
 
 async fn get_logs(
     State(hub): State<Arc<Hub>>,
+    axum::Extension(who): axum::Extension<Identity>,
     Path(id): Path<String>,
     q: Result<Query<LogQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
@@ -373,6 +523,9 @@ async fn get_logs(
         Ok(id) => id,
         Err(e) => return err(e),
     };
+    if let Err(e) = may_read(&hub.read(), &who, id) {
+        return err(e);
+    }
     let Ok(Query(q)) = q else {
         return err(HubError::bad(
             "offset and since_ms must be non-negative numbers, timestamps true or false",
@@ -448,6 +601,7 @@ struct EventQuery {
 
 async fn events(
     State(hub): State<Arc<Hub>>,
+    axum::Extension(who): axum::Extension<Identity>,
     q: Result<Query<EventQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let Ok(Query(q)) = q else {
@@ -463,7 +617,19 @@ async fn events(
     };
     match events {
         Ok(events) => {
-            let v: Vec<api::EventView> = events.iter().map(|e| views::event(e)).collect();
+            // A workload's events are its team's to read; the rest (spokes,
+            // tokens) every user's.
+            let read = hub.read();
+            let teams = auth::readable_teams(&read.policy, &who);
+            let visible = |e: &crate::records::EventRecord| match (&teams, e.workload) {
+                (None, _) | (_, None) => true,
+                (Some(t), Some(id)) => read.workload(id).is_some_and(|w| t.contains(&w.team)),
+            };
+            let v: Vec<api::EventView> = events
+                .iter()
+                .filter(|e| visible(e))
+                .map(|e| views::event(e))
+                .collect();
             json(StatusCode::OK, &v)
         }
         Err(e) => err(e),

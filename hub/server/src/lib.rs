@@ -3,6 +3,7 @@
 //! loop over `axle-scheduler`, talks to spokes over gRPC, and serves the
 //! HTTP/JSON and gRPC user APIs.
 
+pub mod auth;
 pub mod dev;
 pub mod grpc;
 pub mod ha;

@@ -25,11 +25,11 @@ struct Args {
     #[arg(long, env = "AXLE_GRPC", default_value = "127.0.0.1:7071")]
     grpc: SocketAddr,
     /// Where workload logs live, and the embedded store unless --store says otherwise.
-    #[arg(long, env = "AXLE_DATA_DIR")]
+    #[arg(long, env = "AXLE_DATA_DIR", global = true)]
     data_dir: Option<PathBuf>,
     /// The hub's state: `redb:PATH` (default: DATA_DIR/axle.redb; one hub) or
     /// `etcd://HOST:PORT,HOST:PORT,...` (several replicas, one leads).
-    #[arg(long, env = "AXLE_STORE")]
+    #[arg(long, env = "AXLE_STORE", global = true)]
     store: Option<String>,
     #[command(flatten)]
     etcd: EtcdArgs,
@@ -45,6 +45,10 @@ struct Args {
     /// https:// URLs and trust its CA (`--ca-file`).
     #[arg(long, env = "AXLE_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
+    /// How user calls are authenticated: `tokens` (API tokens, `axle token create`) or
+    /// `none` (every caller is a platform admin; only with loopback --http and --grpc).
+    #[arg(long, value_enum, env = "AXLE_AUTH", default_value = "tokens")]
+    auth: AuthArg,
     /// PEM private key of --tls-cert.
     #[arg(long, env = "AXLE_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
@@ -114,8 +118,24 @@ struct ReplicaArgs {
     compaction_interval_s: u64,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum AuthArg {
+    Tokens,
+    None,
+}
+
 #[derive(clap::Subcommand, Debug)]
 enum Cmd {
+    /// Mints an API token for USER straight into a stopped hub's store (the first
+    /// platform admin's; later ones come from `axle token create`) and prints it.
+    CreateToken {
+        /// The user the token names (make them a platform admin in Settings).
+        #[arg(long)]
+        user: String,
+        /// Days the token is valid.
+        #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..=366))]
+        ttl_days: u64,
+    },
     /// Copies a stopped hub's state into an empty store, e.g. from redb to etcd.
     MigrateStore {
         /// `redb:PATH` or `etcd://HOST:PORT,...`
@@ -218,7 +238,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(Cmd::MigrateStore { from, to }) = &args.command {
         return migrate_store(from, to, &args.etcd).await;
     }
-    let policy = match (&args.policy, args.dev) {
+    if let Some(Cmd::CreateToken { user, ttl_days }) = &args.command {
+        return create_token(&args, user, *ttl_days).await;
+    }
+    let mut policy = match (&args.policy, args.dev) {
         (Some(dir), _) => match axle_policy::load_dir(dir) {
             Ok(l) => {
                 for w in &l.warnings {
@@ -260,12 +283,48 @@ async fn run(args: Args) -> anyhow::Result<()> {
             args.grpc
         );
     }
+    let auth_mode;
+    let mut bootstrap = None;
+    let loopback = args.http.ip().is_loopback() && args.grpc.ip().is_loopback();
+    match args.auth {
+        AuthArg::None if !loopback => anyhow::bail!(
+            "--auth none on --http {} / --grpc {}: without authentication the hub listens \
+             on loopback addresses only",
+            args.http,
+            args.grpc
+        ),
+        AuthArg::None => {
+            auth_mode = axle_hub::auth::AuthMode::None;
+            eprintln!(
+                "axle-hub: --auth none: NO AUTHENTICATION, every caller is a platform admin \
+                 (loopback only)"
+            );
+        }
+        AuthArg::Tokens => {
+            auth_mode = axle_hub::auth::AuthMode::Tokens;
+            if args.dev {
+                let now = axle_hub::hub::Clock::system().now_ms();
+                let (record, token) = axle_hub::auth::dev_token(now)?;
+                let user = axle_hub::auth::DEV_USER.to_string();
+                if !policy.settings.platform_admins.contains(&user) {
+                    policy.settings.platform_admins.push(user.clone());
+                }
+                bootstrap = Some(record);
+                eprintln!(
+                    "axle-hub --dev: user {user:?} (a platform admin), valid one day:\n  \
+                     export AXLE_TOKEN={token}"
+                );
+            }
+        }
+    }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(axle_hub::tls::ServerTls::from_files(cert, key)?),
         _ => None,
     };
     let mut listeners = server::Listeners::bind(args.http, args.grpc).await?;
     listeners.tls = tls;
+    listeners.auth = auth_mode;
+    listeners.bootstrap_token = bootstrap;
     listeners.http_limits = axle_hub::http_serve::HttpLimits {
         max_connections: args.http_max_connections as usize,
         idle_timeout: std::time::Duration::from_secs(args.http_idle_timeout_s),
@@ -337,4 +396,46 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .await
         }
     }
+}
+
+/// `axle-hub create-token`: a token record written into the store directly.
+async fn create_token(args: &Args, user: &str, ttl_days: u64) -> anyhow::Result<()> {
+    axle_hub::auth::check_user(user).map_err(|e| anyhow::anyhow!("--user: {e}"))?;
+    let store = match (&args.store, &args.data_dir) {
+        (Some(s), _) => s.clone(),
+        (None, Some(d)) => {
+            std::fs::create_dir_all(d)
+                .with_context(|| format!("cannot create data dir {}", d.display()))?;
+            format!("redb:{}", d.join(server::STORE_FILE).display())
+        }
+        (None, None) => anyhow::bail!("give the hub's --store or --data-dir"),
+    };
+    let store = open_store("--store", &store, &args.etcd).await?;
+    let (id, token, sha256) = axle_hub::auth::mint()?;
+    let now = axle_hub::hub::Clock::system().now_ms();
+    let record = axle_hub::auth::TokenRecord {
+        v: 1,
+        id: id.clone(),
+        user: user.to_string(),
+        sha256,
+        created_at_ms: now,
+        expires_at_ms: now + ttl_days * 86_400_000,
+        created_by: "axle-hub create-token".to_string(),
+    };
+    let value = serde_json::to_vec(&record)?;
+    store
+        .txn(
+            axle_hub::store::Txn::new().and_then(axle_hub::store::Op::put(
+                axle_hub::records::token_key(&id),
+                value,
+            )),
+        )
+        .await
+        .context("cannot write the token")?;
+    eprintln!(
+        "token {id} for {user}, valid {ttl_days} days (the hub reads it when it starts; \
+         make {user} a platform admin in Settings to mint more with `axle token create`):"
+    );
+    println!("{token}");
+    Ok(())
 }

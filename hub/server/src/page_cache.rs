@@ -63,6 +63,7 @@ struct Key {
     cluster: Option<String>,
     priority: Option<String>,
     name_prefix: Option<String>,
+    visible_teams: Option<std::collections::BTreeSet<String>>,
 }
 
 /// What a page showed: (id, generation, reason pointer) per item. The
@@ -139,6 +140,7 @@ impl PageCache {
             cluster: q.cluster.clone(),
             priority: q.priority.clone(),
             name_prefix: q.name_prefix.clone(),
+            visible_teams: q.visible_teams.clone(),
         };
         let signature = Signature {
             items: page

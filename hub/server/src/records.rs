@@ -19,6 +19,12 @@ pub const RECORD_VERSION: u32 = 2;
 pub const WORKLOADS: &str = "workloads/";
 pub const EVENTS: &str = "events/";
 pub const CLUSTERS: &str = "clusters/";
+/// API tokens (`crate::auth::TokenRecord`), by id.
+pub const TOKENS: &str = "tokens/";
+
+pub fn token_key(id: &str) -> String {
+    format!("{TOKENS}{id}")
+}
 
 /// The next workload id and event sequence. Retention deletes records, so
 /// the highest stored id says nothing about the ids already handed out:
@@ -113,6 +119,9 @@ pub struct WorkloadRecord {
     pub checkpoint_signal: Option<String>,
     pub idempotency_key: Option<String>,
     pub submitted_at_ms: u64,
+    /// The user who submitted it (absent in records written before users).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<String>,
     pub state: WState,
     /// Fencing token: bumped on every placement; a spoke runs only the current epoch.
     pub epoch: u64,
@@ -203,6 +212,12 @@ pub struct EventRecord {
     pub cluster: Option<String>,
     pub message: String,
     pub policy_revision: String,
+    /// The user whose call caused it (absent: the hub itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+    /// How that user authenticated (`token <id>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

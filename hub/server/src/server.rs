@@ -36,6 +36,13 @@ pub struct Listeners {
     pub http_limits: HttpLimits,
     /// TLS on both listeners (`--tls-cert`, `--tls-key`); plaintext when `None`.
     pub tls: Option<crate::tls::ServerTls>,
+    /// How user calls on them are authenticated. [`Listeners::bind`] leaves it
+    /// open ([`AuthMode::None`](crate::auth::AuthMode::None), for tests and the
+    /// embedded dev stack on loopback); `axle-hub` requires tokens unless
+    /// `--auth none`.
+    pub auth: crate::auth::AuthMode,
+    /// A token accepted from the start (see [`crate::auth::dev_token`]).
+    pub bootstrap_token: Option<crate::auth::TokenRecord>,
 }
 
 impl Listeners {
@@ -49,6 +56,8 @@ impl Listeners {
                 .with_context(|| format!("cannot listen for gRPC on {grpc}"))?,
             http_limits: HttpLimits::default(),
             tls: None,
+            auth: crate::auth::AuthMode::None,
+            bootstrap_token: None,
         })
     }
 
@@ -134,6 +143,8 @@ pub async fn run_on(
             log_limits,
             clock: crate::hub::Clock::system(),
             on_store_failure: Default::default(),
+            auth: listeners.auth,
+            bootstrap_token: listeners.bootstrap_token.clone(),
         },
     )
     .await?;

@@ -102,6 +102,8 @@ pub fn event(e: &EventRecord) -> api::EventView {
         cluster: e.cluster.clone(),
         message: e.message.clone(),
         policy_revision: e.policy_revision.clone(),
+        actor: e.actor.clone(),
+        auth: e.auth.clone(),
     }
 }
 

@@ -17,3 +17,28 @@ fn spokes_without_a_token_are_taken_on_loopback_only() {
         "{err}"
     );
 }
+
+#[test]
+fn no_authentication_is_taken_on_loopback_only() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_axle-hub"))
+        .args([
+            "--dev",
+            "--auth",
+            "none",
+            "--http",
+            "0.0.0.0:0",
+            "--grpc",
+            "127.0.0.1:0",
+        ])
+        .args(["--spoke-token", "t"])
+        .env_remove("AXLE_STORE")
+        .env_remove("AXLE_AUTH")
+        .output()
+        .expect("run axle-hub");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--auth none") && err.contains("loopback"),
+        "{err}"
+    );
+}

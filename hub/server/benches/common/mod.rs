@@ -83,6 +83,7 @@ pub fn record(id: u64, finished_at_ms: u64) -> WorkloadRecord {
         checkpoint_signal: None,
         idempotency_key: None,
         submitted_at_ms: finished_at_ms - 60_000,
+        submitted_by: None,
         state: WState::Succeeded,
         epoch: 1,
         placement: None,
@@ -144,6 +145,8 @@ pub async fn start(dir: &std::path::Path) -> (Arc<Hub>, axle_hub::hub::HubTasks,
             log_limits: Default::default(),
             clock: Clock::system(),
             on_store_failure: Default::default(),
+            auth: axle_hub::auth::AuthMode::None,
+            bootstrap_token: None,
         },
     )
     .await

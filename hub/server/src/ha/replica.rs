@@ -93,6 +93,8 @@ pub async fn run(
             log_limits,
             clock,
             on_store_failure: OnStoreFailure::StepDown,
+            auth: listeners.auth,
+            bootstrap_token: listeners.bootstrap_token.clone(),
         },
         policy,
         ha,

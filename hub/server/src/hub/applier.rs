@@ -25,8 +25,18 @@ pub type SubmitReply = Reply<(api::WorkloadView, bool)>;
 /// Everything that changes the hub's state goes through the applier as one
 /// of these.
 pub enum Command {
-    Submit(SubmitRequest, SubmitReply),
-    Cancel(u64, Reply<api::WorkloadView>),
+    /// A user's submit, by `Identity`.
+    Submit(SubmitRequest, crate::auth::Identity, SubmitReply),
+    /// A user's cancel.
+    Cancel(u64, crate::auth::Identity, Reply<api::WorkloadView>),
+    /// A platform admin mints an API token for `user`, valid `ttl_ms` (0:
+    /// the default); answered with the record and the token, shown once.
+    CreateToken {
+        user: String,
+        ttl_ms: u64,
+        by: crate::auth::Identity,
+        reply: Reply<(crate::auth::TokenRecord, String)>,
+    },
     Register {
         register: pb::Register,
         conn: u64,
@@ -208,16 +218,36 @@ impl Inner {
         events: &mut Option<EventsPage>,
     ) {
         match cmd {
-            Command::Submit(req, reply) => match self.submit(req, fx, now) {
-                // The view is taken after this batch's cycle, so the answer
-                // already says where the workload went or why it waits.
-                Ok((id, created)) => fx.submitted.push((id, created, reply)),
-                Err(e) => fx.after(move || {
-                    let _ = reply.send(Err(e));
-                }),
-            },
-            Command::Cancel(id, reply) => {
+            Command::Submit(req, who, reply) => {
+                self.actor = Some(who);
+                let res = self.submit(req, fx, now);
+                self.actor = None;
+                match res {
+                    // The view is taken after this batch's cycle, so the answer
+                    // already says where the workload went or why it waits.
+                    Ok((id, created)) => fx.submitted.push((id, created, reply)),
+                    Err(e) => fx.after(move || {
+                        let _ = reply.send(Err(e));
+                    }),
+                }
+            }
+            Command::Cancel(id, who, reply) => {
+                self.actor = Some(who);
                 let res = self.cancel(id, fx, now);
+                self.actor = None;
+                fx.after(move || {
+                    let _ = reply.send(res);
+                });
+            }
+            Command::CreateToken {
+                user,
+                ttl_ms,
+                by,
+                reply,
+            } => {
+                self.actor = Some(by);
+                let res = self.create_token(user, ttl_ms, fx, now);
+                self.actor = None;
                 fx.after(move || {
                     let _ = reply.send(res);
                 });

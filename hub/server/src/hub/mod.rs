@@ -17,6 +17,7 @@
 //! - `schedule.rs` — one cycle and its decisions turned into records;
 //! - `read.rs` — the read snapshot and every query on it;
 //! - `retention.rs` — deleting finished workloads and old events;
+//! - `tokens.rs` — minting API tokens (`crate::auth` checks them);
 //! - `tasks.rs` — the supervised tasks; `clock.rs`, `error.rs`, `limits.rs`.
 //!
 //! Nothing here knows HTTP or gRPC: errors are [`HubError`]s mapped at the
@@ -37,6 +38,7 @@ mod snapshot;
 mod spokes;
 mod table;
 mod tasks;
+mod tokens;
 mod workloads;
 
 #[cfg(test)]
@@ -79,6 +81,11 @@ pub struct HubConfig {
     pub clock: Clock,
     /// What a failed store commit does.
     pub on_store_failure: OnStoreFailure,
+    /// How user calls are authenticated.
+    pub auth: crate::auth::AuthMode,
+    /// A token the hub accepts from its start on (`--dev` mints one for its
+    /// dev user and prints it).
+    pub bootstrap_token: Option<crate::auth::TokenRecord>,
 }
 
 /// What the hub does when a commit fails: memory is then ahead of the
@@ -122,6 +129,10 @@ pub struct Inner {
     oldest_event_at_ms: u64,
     /// The counters last written to the store.
     saved_counters: (u64, u64),
+    /// API tokens by id (copied on write: readers share it).
+    tokens: Arc<BTreeMap<String, crate::auth::TokenRecord>>,
+    /// The caller of the command being applied, for its events.
+    actor: Option<crate::auth::Identity>,
 }
 
 pub struct Hub {
@@ -176,6 +187,10 @@ impl Hub {
             let mut fx = Effects::default();
             {
                 let mut inner = hub.lock();
+                if let Some(t) = &hub.config.bootstrap_token {
+                    fx.put(token_key(&t.id), t);
+                    Arc::make_mut(&mut inner.tokens).insert(t.id.clone(), t.clone());
+                }
                 inner.rebuild(&mut fx, now);
                 let n = inner.workloads.len();
                 inner.event(
@@ -320,6 +335,8 @@ impl Inner {
             cluster: cluster.map(str::to_string),
             message,
             policy_revision: self.policy.revision.clone(),
+            actor: self.actor.as_ref().map(|a| a.user.clone()),
+            auth: self.actor.as_ref().map(|a| a.via.clone()),
         };
         self.next_event += 1;
         if self.oldest_event_at_ms == u64::MAX {

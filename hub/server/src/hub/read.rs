@@ -54,6 +54,8 @@ pub struct ReadView {
     pub teams: Arc<Vec<TeamUsage>>,
     /// The most recent events (at most [`super::EVENTS_IN_MEMORY`]).
     pub events: imbl::Vector<Arc<EventRecord>>,
+    /// API tokens by id, to authenticate calls without the applier.
+    pub tokens: Arc<BTreeMap<String, crate::auth::TokenRecord>>,
 }
 
 /// One page of a workload list, unconverted.
@@ -99,6 +101,10 @@ pub struct ListParams {
     /// The `continue` token of the previous page.
     #[serde(rename = "continue")]
     pub continue_token: Option<String>,
+    /// Only these teams' workloads (the caller's readable teams; `None`: all).
+    /// Set by the server from the caller, never from the query.
+    #[serde(skip)]
+    pub visible_teams: Option<std::collections::BTreeSet<String>>,
 }
 
 /// The opaque token for the page after workload `last_id`.
@@ -144,6 +150,7 @@ impl Inner {
             ),
             teams: Arc::new(self.state.team_usage()),
             events: self.events.clone(),
+            tokens: self.tokens.clone(),
         }
     }
 
@@ -259,6 +266,7 @@ impl ReadView {
         let mut reasons = self.reasons.range(start..).peekable();
         for (w, generation) in self.workloads.range_with_gen(start..).filter(|(w, _)| {
             p.team.as_ref().is_none_or(|t| &w.team == t)
+                && p.visible_teams.as_ref().is_none_or(|v| v.contains(&w.team))
                 && state.is_none_or(|s| w.state == s)
                 && p.priority.as_ref().is_none_or(|c| &w.priority == c)
                 && p.name_prefix

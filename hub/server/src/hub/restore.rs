@@ -84,6 +84,12 @@ pub(super) async fn load(
                 .map(|k| ((w.team.clone(), k.clone()), w.id))
         })
         .collect();
+    let mut tokens = BTreeMap::new();
+    for kv in store.range(TOKENS).await? {
+        let t: crate::auth::TokenRecord = serde_json::from_slice(&kv.value)
+            .map_err(|e| anyhow::anyhow!("corrupt record {}: {e}", kv.key))?;
+        tokens.insert(t.id.clone(), t);
+    }
     let state = State::new(policy.clone(), &Inventory::default());
     Ok(Inner {
         policy,
@@ -104,6 +110,8 @@ pub(super) async fn load(
         oldest_event,
         oldest_event_at_ms,
         saved_counters: (0, 0),
+        tokens: Arc::new(tokens),
+        actor: None,
     })
 }
 

@@ -59,6 +59,8 @@ async fn start_hub(clock: Clock) -> (Arc<Hub>, HubTasks, tempfile::TempDir) {
             log_limits: crate::logs::LogLimits::default(),
             clock,
             on_store_failure: Default::default(),
+            auth: crate::auth::AuthMode::None,
+            bootstrap_token: None,
         },
     )
     .await
@@ -89,6 +91,8 @@ impl Core {
             log_limits: crate::logs::LogLimits::default(),
             clock: Clock::starting_at(T0),
             on_store_failure: Default::default(),
+            auth: crate::auth::AuthMode::None,
+            bootstrap_token: None,
         };
         let mut core = Core {
             inner,
@@ -223,7 +227,12 @@ impl Core {
             checkpoint_interval_s: None,
             checkpoint_signal: None,
         };
-        let fx = self.apply(Command::Submit(req, reply), now).await;
+        let fx = self
+            .apply(
+                Command::Submit(req, crate::auth::Identity::anonymous(), reply),
+                now,
+            )
+            .await;
         fx.submitted.first().expect("accepted").0
     }
 
@@ -247,7 +256,12 @@ impl Core {
 
     async fn cancel(&mut self, id: u64, now: u64) -> (Effects, axle_proto::api::WorkloadView) {
         let (reply, mut answer) = oneshot::channel();
-        let mut fx = self.apply(Command::Cancel(id, reply), now).await;
+        let mut fx = self
+            .apply(
+                Command::Cancel(id, crate::auth::Identity::anonymous(), reply),
+                now,
+            )
+            .await;
         for after in std::mem::take(&mut fx.after) {
             after();
         }

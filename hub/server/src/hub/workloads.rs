@@ -95,6 +95,12 @@ impl Inner {
         if let Err(e) = crate::request_limits::check(&req) {
             return Err(HubError::bad(e.message, Some(&e.field)));
         }
+        // An unknown team is refused below, with the teams there are.
+        if let Some(who) = &self.actor
+            && self.policy.teams.contains_key(&req.team)
+        {
+            crate::auth::may(&self.policy, who, &req.team, crate::auth::Action::Submit)?;
+        }
         if let Some(key) = &req.idempotency_key
             && let Some(&id) = self.idem.get(&(req.team.clone(), key.clone()))
         {
@@ -158,6 +164,7 @@ impl Inner {
             checkpoint_signal,
             idempotency_key: req.idempotency_key.clone(),
             submitted_at_ms: now,
+            submitted_by: self.actor.as_ref().map(|a| a.user.clone()),
             state: WState::Pending,
             epoch: 0,
             placement: None,
@@ -219,6 +226,15 @@ impl Inner {
         fx: &mut Effects,
         now: u64,
     ) -> Result<api::WorkloadView, HubError> {
+        if let (Some(who), Some(w)) = (&self.actor, self.workloads.get(&id)) {
+            let owner = w.submitted_by.as_deref();
+            crate::auth::may(
+                &self.policy,
+                who,
+                &w.team,
+                crate::auth::Action::Cancel { owner },
+            )?;
+        }
         let Some(w) = self.workloads.get_mut(&id) else {
             return Err(HubError::NotFound(format!("workload {id} not found")));
         };
@@ -264,7 +280,10 @@ impl Inner {
             "cancel_requested",
             Some(id),
             None,
-            format!("workload {id} cancelled by user"),
+            format!(
+                "workload {id} cancelled by {}",
+                self.actor.as_ref().map_or("user", |a| a.user.as_str())
+            ),
         );
         self.view(id)
             .ok_or_else(|| HubError::Internal(format!("workload {id} vanished")))

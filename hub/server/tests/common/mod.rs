@@ -38,6 +38,10 @@ pub struct Options {
     pub http_limits: Option<HttpLimits>,
     /// TLS on both listeners.
     pub tls: Option<axle_hub::tls::ServerTls>,
+    /// How user calls are authenticated (default: not at all).
+    pub auth: Option<axle_hub::auth::AuthMode>,
+    /// A token the hub accepts from its start.
+    pub bootstrap_token: Option<axle_hub::auth::TokenRecord>,
 }
 
 pub async fn start_hub(o: Options) -> TestHub {
@@ -52,6 +56,10 @@ pub async fn start_hub(o: Options) -> TestHub {
         listeners.http_limits = limits;
     }
     listeners.tls = o.tls;
+    if let Some(auth) = o.auth {
+        listeners.auth = auth;
+    }
+    listeners.bootstrap_token = o.bootstrap_token;
     let http = listeners.http.local_addr().expect("addr");
     let grpc = listeners.grpc.local_addr().expect("addr");
     let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
