@@ -39,7 +39,8 @@ pub fn status_of(e: HubError) -> Status {
         HubError::Conflict(_) => Status::failed_precondition(msg),
         HubError::Unauthenticated(_) => Status::unauthenticated(msg),
         HubError::PermissionDenied(_) => Status::permission_denied(msg),
-        HubError::Unavailable(_) => Status::unavailable(msg),
+        HubError::Unavailable(_) | HubError::TooBusy { .. } => Status::unavailable(msg),
+        HubError::RateLimited { .. } => Status::resource_exhausted(msg),
         HubError::Internal(_) => Status::internal(msg),
     }
 }
@@ -168,19 +169,20 @@ impl UserSvc {
     }
 
     /// The caller, from the `authorization` metadata (`Bearer axle_…`).
-    fn caller<T>(&self, req: &Request<T>) -> Result<crate::auth::Identity, Status> {
+    fn caller<T>(
+        &self,
+        req: &Request<T>,
+    ) -> Result<(crate::auth::Identity, crate::rate::Admitted<'_>), Status> {
         let header = req
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok());
         let view = self.hub.read();
-        crate::auth::authenticate(
-            self.hub.config.auth,
-            &view.tokens,
-            header,
-            self.hub.now_ms(),
-        )
-        .map_err(status_of)
+        let now = self.hub.now_ms();
+        let who = crate::auth::authenticate(self.hub.config.auth, &view.tokens, header, now)
+            .map_err(status_of)?;
+        let admitted = self.hub.limiter.admit(&who.user, now).map_err(status_of)?;
+        Ok((who, admitted))
     }
 }
 
@@ -190,7 +192,7 @@ impl pb::user_service_server::UserService for UserSvc {
         &self,
         req: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::Workload>, Status> {
-        let who = self.caller(&req)?;
+        let (who, _admitted) = self.caller(&req)?;
         let (reply, rx) = oneshot::channel();
         self.hub
             .send(Command::Submit(
@@ -211,7 +213,7 @@ impl pb::user_service_server::UserService for UserSvc {
         &self,
         req: Request<pb::GetWorkloadRequest>,
     ) -> Result<Response<pb::Workload>, Status> {
-        let who = self.caller(&req)?;
+        let (who, _admitted) = self.caller(&req)?;
         let id = req.into_inner().id;
         let read = self.hub.read();
         crate::http::may_read(&read, &who, id).map_err(status_of)?;
@@ -225,7 +227,7 @@ impl pb::user_service_server::UserService for UserSvc {
         &self,
         req: Request<pb::ListWorkloadsRequest>,
     ) -> Result<Response<pb::ListWorkloadsResponse>, Status> {
-        let who = self.caller(&req)?;
+        let (who, _admitted) = self.caller(&req)?;
         let r = req.into_inner();
         let opt = |s: String| if s.is_empty() { None } else { Some(s) };
         let params = crate::hub::ListParams {
@@ -262,7 +264,7 @@ impl pb::user_service_server::UserService for UserSvc {
         &self,
         req: Request<pb::GetWorkloadRequest>,
     ) -> Result<Response<pb::Workload>, Status> {
-        let who = self.caller(&req)?;
+        let (who, _admitted) = self.caller(&req)?;
         let (reply, rx) = oneshot::channel();
         self.hub
             .send(Command::Cancel(req.into_inner().id, who, reply))

@@ -153,14 +153,21 @@ pub fn status_of(e: &HubError) -> StatusCode {
         HubError::Conflict(_) => StatusCode::CONFLICT,
         HubError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
         HubError::PermissionDenied(_) => StatusCode::FORBIDDEN,
-        HubError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        HubError::Unavailable(_) | HubError::TooBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        HubError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
         HubError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
 fn err(e: HubError) -> Response {
     let challenge = matches!(e, HubError::Unauthenticated(_));
+    let retry = e.retry_after_s();
     let mut r = (status_of(&e), axum::Json(e.to_api())).into_response();
+    if let Some(s) = retry
+        && let Ok(v) = axum::http::HeaderValue::from_str(&s.to_string())
+    {
+        r.headers_mut().insert(axum::http::header::RETRY_AFTER, v);
+    }
     if challenge {
         r.headers_mut().insert(
             axum::http::header::WWW_AUTHENTICATE,
@@ -185,13 +192,18 @@ async fn authenticated(
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     let view = hub.read();
-    match auth::authenticate(hub.config.auth, &view.tokens, header, hub.now_ms()) {
-        Ok(who) => {
-            req.extensions_mut().insert(who);
-            next.run(req).await
-        }
-        Err(e) => err(e),
-    }
+    let now = hub.now_ms();
+    let who = match auth::authenticate(hub.config.auth, &view.tokens, header, now) {
+        Ok(who) => who,
+        Err(e) => return err(e),
+    };
+    drop(view);
+    let _admitted = match hub.limiter.admit(&who.user, now) {
+        Ok(a) => a,
+        Err(e) => return err(e),
+    };
+    req.extensions_mut().insert(who);
+    next.run(req).await
 }
 
 /// `GET /api/v1/whoami`: the caller, and what they may do.

@@ -14,6 +14,7 @@ pub mod isolation;
 pub mod lifecycle;
 pub mod logs;
 pub mod page_cache;
+pub mod rate;
 pub mod read_lane;
 pub mod records;
 pub mod request_limits;

@@ -49,6 +49,18 @@ struct Args {
     /// `none` (every caller is a platform admin; only with loopback --http and --grpc).
     #[arg(long, value_enum, env = "AXLE_AUTH", default_value = "tokens")]
     auth: AuthArg,
+    /// User calls per second one user may make on average (beyond: 429 with Retry-After).
+    #[arg(long, default_value_t = axle_hub::rate::DEFAULT_PER_USER_PER_S,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    rate_per_user: u32,
+    /// User calls one user may make at once above that average.
+    #[arg(long, default_value_t = axle_hub::rate::DEFAULT_PER_USER_BURST,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    rate_burst_per_user: u32,
+    /// User calls in flight at once, all users together (beyond: 503 with Retry-After).
+    #[arg(long, default_value_t = axle_hub::rate::DEFAULT_MAX_IN_FLIGHT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_calls_in_flight: u64,
     /// PEM private key of --tls-cert.
     #[arg(long, env = "AXLE_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
@@ -325,6 +337,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     listeners.tls = tls;
     listeners.auth = auth_mode;
     listeners.bootstrap_token = bootstrap;
+    listeners.rate_limits = axle_hub::rate::RateLimits {
+        per_user_per_s: args.rate_per_user,
+        per_user_burst: args.rate_burst_per_user,
+        max_in_flight: args.max_calls_in_flight as usize,
+    };
     listeners.http_limits = axle_hub::http_serve::HttpLimits {
         max_connections: args.http_max_connections as usize,
         idle_timeout: std::time::Duration::from_secs(args.http_idle_timeout_s),

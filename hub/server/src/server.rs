@@ -43,6 +43,8 @@ pub struct Listeners {
     pub auth: crate::auth::AuthMode,
     /// A token accepted from the start (see [`crate::auth::dev_token`]).
     pub bootstrap_token: Option<crate::auth::TokenRecord>,
+    /// Per-user rate and calls in flight on the user APIs.
+    pub rate_limits: crate::rate::RateLimits,
 }
 
 impl Listeners {
@@ -58,6 +60,7 @@ impl Listeners {
             tls: None,
             auth: crate::auth::AuthMode::None,
             bootstrap_token: None,
+            rate_limits: Default::default(),
         })
     }
 
@@ -145,6 +148,7 @@ pub async fn run_on(
             on_store_failure: Default::default(),
             auth: listeners.auth,
             bootstrap_token: listeners.bootstrap_token.clone(),
+            rate_limits: listeners.rate_limits,
         },
     )
     .await?;

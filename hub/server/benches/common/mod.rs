@@ -147,6 +147,7 @@ pub async fn start(dir: &std::path::Path) -> (Arc<Hub>, axle_hub::hub::HubTasks,
             on_store_failure: Default::default(),
             auth: axle_hub::auth::AuthMode::None,
             bootstrap_token: None,
+            rate_limits: Default::default(),
         },
     )
     .await

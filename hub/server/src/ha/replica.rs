@@ -95,6 +95,7 @@ pub async fn run(
             on_store_failure: OnStoreFailure::StepDown,
             auth: listeners.auth,
             bootstrap_token: listeners.bootstrap_token.clone(),
+            rate_limits: listeners.rate_limits,
         },
         policy,
         ha,

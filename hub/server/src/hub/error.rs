@@ -28,6 +28,12 @@ pub enum HubError {
     /// The hub cannot take the request now (shutting down); retry.
     #[error("{0}")]
     Unavailable(String),
+    /// The caller made too many calls; retry after `retry_after_s`.
+    #[error("{message}")]
+    RateLimited { message: String, retry_after_s: u64 },
+    /// The hub serves as many calls as it takes at once; retry after `retry_after_s`.
+    #[error("{message}")]
+    TooBusy { message: String, retry_after_s: u64 },
     /// The hub broke one of its own invariants or could not read its store.
     #[error("{0}")]
     Internal(String),
@@ -38,6 +44,15 @@ impl HubError {
         HubError::BadRequest {
             message: message.into(),
             field: field.map(str::to_string),
+        }
+    }
+
+    /// Seconds to wait before retrying, for the answers that say so.
+    pub fn retry_after_s(&self) -> Option<u64> {
+        match self {
+            HubError::RateLimited { retry_after_s, .. }
+            | HubError::TooBusy { retry_after_s, .. } => Some(*retry_after_s),
+            _ => None,
         }
     }
 

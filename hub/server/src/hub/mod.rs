@@ -86,6 +86,8 @@ pub struct HubConfig {
     /// A token the hub accepts from its start on (`--dev` mints one for its
     /// dev user and prints it).
     pub bootstrap_token: Option<crate::auth::TokenRecord>,
+    /// How much each user, and everyone together, may ask.
+    pub rate_limits: crate::rate::RateLimits,
 }
 
 /// What the hub does when a commit fails: memory is then ahead of the
@@ -144,6 +146,8 @@ pub struct Hub {
     list_lane: ReadLane,
     store: Arc<dyn Store>,
     tx: mpsc::Sender<Command>,
+    /// Per-user rate and the bound on user calls in flight.
+    pub limiter: crate::rate::Limiter,
     pub config: HubConfig,
     /// Why the last commit failed, under [`OnStoreFailure::StepDown`].
     store_failure: Mutex<Option<String>>,
@@ -180,6 +184,7 @@ impl Hub {
             inner: Mutex::new(inner),
             store,
             tx,
+            limiter: crate::rate::Limiter::new(config.rate_limits),
             config,
             store_failure: Mutex::new(None),
         });

@@ -61,6 +61,7 @@ async fn start_hub(clock: Clock) -> (Arc<Hub>, HubTasks, tempfile::TempDir) {
             on_store_failure: Default::default(),
             auth: crate::auth::AuthMode::None,
             bootstrap_token: None,
+            rate_limits: Default::default(),
         },
     )
     .await
@@ -93,6 +94,7 @@ impl Core {
             on_store_failure: Default::default(),
             auth: crate::auth::AuthMode::None,
             bootstrap_token: None,
+            rate_limits: Default::default(),
         };
         let mut core = Core {
             inner,

@@ -42,6 +42,8 @@ pub struct Options {
     pub auth: Option<axle_hub::auth::AuthMode>,
     /// A token the hub accepts from its start.
     pub bootstrap_token: Option<axle_hub::auth::TokenRecord>,
+    /// Per-user rate and calls in flight (default: the hub's defaults).
+    pub rate_limits: Option<axle_hub::rate::RateLimits>,
 }
 
 pub async fn start_hub(o: Options) -> TestHub {
@@ -60,6 +62,9 @@ pub async fn start_hub(o: Options) -> TestHub {
         listeners.auth = auth;
     }
     listeners.bootstrap_token = o.bootstrap_token;
+    if let Some(r) = o.rate_limits {
+        listeners.rate_limits = r;
+    }
     let http = listeners.http.local_addr().expect("addr");
     let grpc = listeners.grpc.local_addr().expect("addr");
     let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
