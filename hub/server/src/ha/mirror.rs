@@ -89,6 +89,9 @@ pub struct Mirror {
     rev: watch::Receiver<Rev>,
     /// The same, for whoever shows it (0 again once the mirror is dropped).
     shown: Arc<AtomicU64>,
+    /// Set when the mirror is dropped, under the lock `shown` is written
+    /// under: the task, until its abort takes effect, publishes no more.
+    closed: Arc<Mutex<bool>>,
     task: JoinHandle<()>,
 }
 
@@ -98,10 +101,15 @@ impl Mirror {
         let copy: Arc<Mutex<Option<Copy>>> = Arc::default();
         let (tx, rev) = watch::channel(0);
         let (shared, sent) = (copy.clone(), shown.clone());
+        let closed = Arc::new(Mutex::new(false));
+        let done = closed.clone();
         let task = tokio::spawn(async move {
             let publish = |r: Rev| {
-                tx.send_replace(r);
-                sent.store(r, Ordering::Relaxed);
+                let done = done.lock().unwrap_or_else(|p| p.into_inner());
+                if !*done {
+                    tx.send_replace(r);
+                    sent.store(r, Ordering::Relaxed);
+                }
             };
             loop {
                 let pause = match keep(store.as_ref(), &shared, &publish).await {
@@ -130,6 +138,7 @@ impl Mirror {
             copy,
             rev,
             shown,
+            closed,
             task,
         }
     }
@@ -157,8 +166,11 @@ impl Mirror {
 
 impl Drop for Mirror {
     fn drop(&mut self) {
-        self.task.abort();
+        let mut closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
+        *closed = true;
         self.shown.store(0, Ordering::Relaxed);
+        drop(closed);
+        self.task.abort();
     }
 }
 
