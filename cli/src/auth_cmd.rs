@@ -100,6 +100,10 @@ pub enum TokenCommand {
         #[arg(long, value_parser = parse_ttl, default_value = "90d")]
         ttl: u64,
     },
+    /// List API tokens: id, user, expiry, who made it (never secrets).
+    List,
+    /// Revoke an API token: it is refused from now on.
+    Revoke { id: String },
 }
 
 /// `30d`, `12h`, `45m`, `3600s` (or plain seconds) as seconds.
@@ -188,6 +192,30 @@ pub async fn token(client: &Client, c: TokenCommand) -> anyhow::Result<ExitCode>
                 ttl.div_ceil(86_400)
             );
             println!("{}", t["token"].as_str().unwrap_or(""));
+            Ok(ExitCode::SUCCESS)
+        }
+        TokenCommand::List => {
+            println!("{:<14} {:<24} {:<26} CREATED BY", "ID", "USER", "EXPIRES");
+            for t in client.tokens().await? {
+                let expires = t["expires_at_ms"]
+                    .as_u64()
+                    .map_or("-".to_string(), crate::table::fmt_timestamp);
+                println!(
+                    "{:<14} {:<24} {:<26} {}",
+                    crate::table::printable(t["id"].as_str().unwrap_or("?")),
+                    crate::table::printable(t["user"].as_str().unwrap_or("?")),
+                    expires,
+                    crate::table::printable(t["created_by"].as_str().unwrap_or("?"))
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TokenCommand::Revoke { id } => {
+            let t = client.revoke_token(&id).await?;
+            println!(
+                "token {id} of {} revoked",
+                t["user"].as_str().unwrap_or("?")
+            );
             Ok(ExitCode::SUCCESS)
         }
     }

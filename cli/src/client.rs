@@ -506,6 +506,19 @@ impl Client {
             .map(|(_, v)| v)
     }
 
+    /// `GET /api/v1/tokens`: every API token, without secrets (platform admins).
+    pub async fn tokens(&self) -> Result<Vec<serde_json::Value>, ClientError> {
+        self.get("api/v1/tokens", &[]).await
+    }
+
+    /// `DELETE /api/v1/tokens/{id}`.
+    pub async fn revoke_token(&self, id: &str) -> Result<serde_json::Value, ClientError> {
+        let url = self.url(&format!("api/v1/tokens/{id}"), &[]);
+        self.call(Method::DELETE, url, None::<&()>)
+            .await
+            .map(|(_, v)| v)
+    }
+
     /// `GET /api/v1/teams`.
     pub async fn teams(&self) -> Result<Vec<TeamView>, ClientError> {
         self.get("api/v1/teams", &[]).await

@@ -131,6 +131,22 @@ async fn a_platform_team_sets_up_users_and_every_call_is_checked() {
     assert_eq!(code, 1);
     assert!(err.contains("no credentials"), "{err}");
 
+    // The admin lists tokens (no secrets) and revokes erin's: refused from then on.
+    let (code, list, err) = axle(&hub, &admin_home, None, &["token", "list"]);
+    assert_eq!(code, 0, "{err}");
+    let erin_id = list
+        .lines()
+        .find(|l| l.contains(" erin "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("erin's token listed: {list}"))
+        .to_string();
+    assert!(!list.contains(erin.rsplit('_').next().unwrap()), "{list}");
+    let (code, out, err) = axle(&hub, &admin_home, None, &["token", "revoke", &erin_id]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) = axle(&hub, &nobody, Some(&erin), &["whoami"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("not valid"), "{err}");
+
     // The audit log names who did what.
     let (code, events, err) = axle(&hub, &admin_home, None, &["get", "events"]);
     assert_eq!(code, 0, "{err}");

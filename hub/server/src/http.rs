@@ -40,7 +40,8 @@ pub fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v1/events", get(events))
         .route("/api/v1/policy", get(policy))
         .route("/api/v1/hubs", get(hubs))
-        .route("/api/v1/tokens", axum::routing::post(create_token))
+        .route("/api/v1/tokens", get(list_tokens).post(create_token))
+        .route("/api/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .route("/api/v1/whoami", get(whoami))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ready" }))
@@ -80,6 +81,8 @@ fn allowed_methods(path: &str) -> &'static str {
     match parts.as_slice() {
         ["", "api", "v1", "workloads"] => "GET, POST",
         ["", "api", "v1", "workloads", _] => "GET, DELETE",
+        ["", "api", "v1", "tokens"] => "GET, POST",
+        ["", "api", "v1", "tokens", _] => "DELETE",
         _ => "GET",
     }
 }
@@ -247,6 +250,47 @@ struct TokenRequest {
     /// Seconds the token is valid (default 90 days, at most 366).
     #[serde(default)]
     ttl_s: u64,
+}
+
+/// A token as `GET /api/v1/tokens` shows it: never its secret or digest.
+fn token_json(t: &auth::TokenRecord) -> serde_json::Value {
+    serde_json::json!({
+        "id": t.id,
+        "user": t.user,
+        "created_at_ms": t.created_at_ms,
+        "expires_at_ms": t.expires_at_ms,
+        "created_by": t.created_by,
+    })
+}
+
+/// `GET /api/v1/tokens` (platform admins): every token, without secrets.
+async fn list_tokens(
+    State(hub): State<Arc<Hub>>,
+    axum::Extension(who): axum::Extension<Identity>,
+) -> Response {
+    let read = hub.read();
+    if let Err(e) = auth::may(&read.policy, &who, "", Action::ManageTokens) {
+        return err(e);
+    }
+    let v: Vec<serde_json::Value> = read.tokens.values().map(token_json).collect();
+    json(StatusCode::OK, &v)
+}
+
+/// `DELETE /api/v1/tokens/{id}` (platform admins): the token is refused from now on.
+async fn revoke_token(
+    State(hub): State<Arc<Hub>>,
+    axum::Extension(who): axum::Extension<Identity>,
+    Path(id): Path<String>,
+) -> Response {
+    let (reply, rx) = oneshot::channel();
+    if let Err(e) = hub.send(Command::RevokeToken { id, by: who, reply }).await {
+        return err(e);
+    }
+    match rx.await {
+        Ok(Ok(t)) => json(StatusCode::OK, &token_json(&t)),
+        Ok(Err(e)) => err(e),
+        Err(_) => err(hub.stopped()),
+    }
 }
 
 /// `POST /api/v1/tokens` (platform admins): a new API token for a user,

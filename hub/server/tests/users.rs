@@ -324,6 +324,56 @@ async fn tokens_are_stored_hashed_expire_and_are_checked_on_grpc_too() {
     assert_eq!(s, 401);
     assert!(v["error"].as_str().unwrap().contains("expired"), "{v}");
 
+    // Listed without secrets (platform admins only), and revoked at once.
+    let (s, v) = call(&hub, "GET", "/api/v1/tokens", Some(&dave), None).await;
+    assert_eq!(s, 403, "{v}");
+    let (s, list) = call(&hub, "GET", "/api/v1/tokens", Some(&root), None).await;
+    assert_eq!(s, 200);
+    let text = list.to_string();
+    assert!(
+        !text.contains("sha256") && !text.contains(dave.rsplit('_').next().unwrap()),
+        "{text}"
+    );
+    let daves = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["user"] == "dave")
+        .expect("dave's token listed")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (s, _) = call(
+        &hub,
+        "DELETE",
+        &format!("/api/v1/tokens/{daves}"),
+        Some(&dave),
+        None,
+    )
+    .await;
+    assert_eq!(s, 403, "dave may not revoke tokens, even his own");
+    let (s, v) = call(
+        &hub,
+        "DELETE",
+        &format!("/api/v1/tokens/{daves}"),
+        Some(&root),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, _) = call(&hub, "GET", "/api/v1/whoami", Some(&dave), None).await;
+    assert_eq!(s, 401, "a revoked token is refused");
+    let (s, _) = call(
+        &hub,
+        "DELETE",
+        &format!("/api/v1/tokens/{daves}"),
+        Some(&root),
+        None,
+    )
+    .await;
+    assert_eq!(s, 404);
+    let dave = token_for(&hub, &root, "dave").await;
+
     // Bad requests change nothing.
     for body in [
         json!({"user": ""}),
@@ -394,7 +444,11 @@ async fn tokens_are_stored_hashed_expire_and_are_checked_on_grpc_too() {
     let kept = axle_hub::store::Store::range(store.as_ref(), axle_hub::records::TOKENS)
         .await
         .unwrap();
-    assert_eq!(kept.len(), 3, "root's, dave's and the brief one");
+    assert_eq!(
+        kept.len(),
+        2,
+        "root's and dave's new one: the revoked one is deleted, the expired one pruned at the next mint"
+    );
     let secret = dave.rsplit('_').next().unwrap();
     for kv in &kept {
         let text = String::from_utf8_lossy(&kv.value);

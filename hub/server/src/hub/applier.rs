@@ -37,6 +37,12 @@ pub enum Command {
         by: crate::auth::Identity,
         reply: Reply<(crate::auth::TokenRecord, String)>,
     },
+    /// A platform admin revokes API token `id`: it is refused from this commit on.
+    RevokeToken {
+        id: String,
+        by: crate::auth::Identity,
+        reply: Reply<crate::auth::TokenRecord>,
+    },
     Register {
         register: pb::Register,
         conn: u64,
@@ -247,6 +253,14 @@ impl Inner {
             } => {
                 self.actor = Some(by);
                 let res = self.create_token(user, ttl_ms, fx, now);
+                self.actor = None;
+                fx.after(move || {
+                    let _ = reply.send(res);
+                });
+            }
+            Command::RevokeToken { id, by, reply } => {
+                self.actor = Some(by);
+                let res = self.revoke_token(&id, fx, now);
                 self.actor = None;
                 fx.after(move || {
                     let _ = reply.send(res);

@@ -79,4 +79,29 @@ impl Inner {
         );
         Ok((record, token))
     }
+
+    pub(super) fn revoke_token(
+        &mut self,
+        id: &str,
+        fx: &mut Effects,
+        now: u64,
+    ) -> Result<TokenRecord, HubError> {
+        let Some(by) = self.actor.clone() else {
+            return Err(HubError::Internal("a revocation without a caller".into()));
+        };
+        auth::may(&self.policy, &by, "", Action::ManageTokens)?;
+        let Some(record) = Arc::make_mut(&mut self.tokens).remove(id) else {
+            return Err(HubError::NotFound(format!("API token {id} not found")));
+        };
+        fx.delete(token_key(id));
+        self.event(
+            fx,
+            now,
+            "token_revoked",
+            None,
+            None,
+            format!("API token {id} of {} revoked", record.user),
+        );
+        Ok(record)
+    }
 }
