@@ -163,3 +163,64 @@ async fn a_platform_team_sets_up_users_and_every_call_is_checked() {
         "{events}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_first_admin_comes_from_a_token_file_while_the_hub_runs_on_any_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples/policy");
+    let out = Command::new(bin("axle-hub"))
+        .args(["create-token", "--user", "platform-admin", "--print-only"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let file = dir.path().join("bootstrap-token");
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    let junk = dir.path().join("junk");
+    std::fs::write(&junk, "hunter2").unwrap();
+    let hub_cmd = |token_file: &Path, ports: Ports| {
+        let mut cmd = Command::new(bin("axle-hub"));
+        cmd.args(["--policy", policy, "--data-dir"])
+            .arg(dir.path().join("hub"))
+            .args(["--http", &format!("127.0.0.1:{}", ports.http)])
+            .args(["--grpc", &format!("127.0.0.1:{}", ports.grpc)])
+            .arg("--bootstrap-token-file")
+            .arg(token_file)
+            .args(["--bootstrap-user", "platform-admin"])
+            .env_remove("AXLE_STORE")
+            .env_remove("AXLE_AUTH")
+            .env_remove("AXLE_SPOKE_TOKEN")
+            .stdout(Stdio::null());
+        cmd
+    };
+    // A file that holds no token: the hub does not start, and says what to do.
+    let out = hub_cmd(&junk, Ports::free()).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not an Axle API token") && err.contains("--print-only"),
+        "{err}"
+    );
+
+    let ports = Ports::free();
+    let log = std::fs::File::create(dir.path().join("hub.log")).unwrap();
+    let _hub = Killed(hub_cmd(&file, ports).stderr(log).spawn().unwrap());
+    let hub = format!("http://127.0.0.1:{}", ports.http);
+    let mut me = (0, String::new(), String::new());
+    for _ in 0..100 {
+        me = axle(&hub, dir.path(), Some(&token), &["whoami"]);
+        if me.0 == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(me.0, 0, "{me:?}");
+    assert!(
+        me.1.contains("platform-admin") && me.1.contains("platform admin"),
+        "{me:?}"
+    );
+}

@@ -49,6 +49,14 @@ struct Args {
     /// `none` (every caller is a platform admin; only with loopback --http and --grpc).
     #[arg(long, value_enum, env = "AXLE_AUTH", default_value = "tokens")]
     auth: AuthArg,
+    /// A file holding an API token (from `axle-hub create-token --print-only`) that the
+    /// hub accepts for --bootstrap-user from its start: the first platform admin's, e.g.
+    /// mounted from a Kubernetes Secret, with the hub running on any store.
+    #[arg(long, env = "AXLE_BOOTSTRAP_TOKEN_FILE", requires = "bootstrap_user")]
+    bootstrap_token_file: Option<PathBuf>,
+    /// The user --bootstrap-token-file authenticates (list them in Settings platformAdmins).
+    #[arg(long, env = "AXLE_BOOTSTRAP_USER", requires = "bootstrap_token_file")]
+    bootstrap_user: Option<String>,
     /// User calls per second one user may make on average (beyond: 429 with Retry-After).
     #[arg(long, default_value_t = axle_hub::rate::DEFAULT_PER_USER_PER_S,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -147,6 +155,9 @@ enum Cmd {
         /// Days the token is valid.
         #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..=366))]
         ttl_days: u64,
+        /// Only print a new token, writing nothing: for --bootstrap-token-file.
+        #[arg(long)]
+        print_only: bool,
     },
     /// Copies a stopped hub's state into an empty store, e.g. from redb to etcd.
     MigrateStore {
@@ -250,7 +261,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(Cmd::MigrateStore { from, to }) = &args.command {
         return migrate_store(from, to, &args.etcd).await;
     }
-    if let Some(Cmd::CreateToken { user, ttl_days }) = &args.command {
+    if let Some(Cmd::CreateToken {
+        user,
+        ttl_days,
+        print_only,
+    }) = &args.command
+    {
+        if *print_only {
+            axle_hub::auth::check_user(user).map_err(|e| anyhow::anyhow!("--user: {e}"))?;
+            let (_, token, _) = axle_hub::auth::mint()?;
+            println!("{token}");
+            return Ok(());
+        }
         return create_token(&args, user, *ttl_days).await;
     }
     let mut policy = match (&args.policy, args.dev) {
@@ -328,6 +350,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 );
             }
         }
+    }
+    if let (Some(file), Some(user)) = (&args.bootstrap_token_file, &args.bootstrap_user) {
+        if bootstrap.is_some() {
+            anyhow::bail!("--bootstrap-token-file and --dev each bring a token: give one");
+        }
+        if auth_mode == axle_hub::auth::AuthMode::None {
+            anyhow::bail!(
+                "--bootstrap-token-file with --auth none: there is nothing to authenticate"
+            );
+        }
+        bootstrap = Some(bootstrap_token(file, user)?);
     }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(axle_hub::tls::ServerTls::from_files(cert, key)?),
@@ -455,4 +488,44 @@ async fn create_token(args: &Args, user: &str, ttl_days: u64) -> anyhow::Result<
     );
     println!("{token}");
     Ok(())
+}
+
+/// Largest --bootstrap-token-file read: a token is 82 bytes.
+const MAX_TOKEN_FILE_BYTES: u64 = 1024;
+
+/// The record of the token in `file`, for `user`, valid the longest a token lives
+/// from this start (the hub registers it again at every start).
+fn bootstrap_token(
+    file: &std::path::Path,
+    user: &str,
+) -> anyhow::Result<axle_hub::auth::TokenRecord> {
+    axle_hub::auth::check_user(user).map_err(|e| anyhow::anyhow!("--bootstrap-user: {e}"))?;
+    let len = std::fs::metadata(file)
+        .with_context(|| format!("--bootstrap-token-file {}: cannot read it", file.display()))?
+        .len();
+    if len > MAX_TOKEN_FILE_BYTES {
+        anyhow::bail!(
+            "--bootstrap-token-file {}: {len} bytes, more than a token file of {MAX_TOKEN_FILE_BYTES}",
+            file.display()
+        );
+    }
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("--bootstrap-token-file {}: cannot read it", file.display()))?;
+    let Some((id, secret)) = axle_hub::auth::parse(text.trim()) else {
+        anyhow::bail!(
+            "--bootstrap-token-file {}: not an Axle API token (make one with \
+             `axle-hub create-token --user {user} --print-only`)",
+            file.display()
+        );
+    };
+    let now = axle_hub::hub::Clock::system().now_ms();
+    Ok(axle_hub::auth::TokenRecord {
+        v: 1,
+        id: id.to_string(),
+        user: user.to_string(),
+        sha256: axle_hub::auth::digest(secret),
+        created_at_ms: now,
+        expires_at_ms: now + axle_hub::auth::MAX_TOKEN_TTL_MS,
+        created_by: "--bootstrap-token-file".to_string(),
+    })
 }
