@@ -67,6 +67,29 @@ pub struct TokenRecord {
     pub created_by: String,
 }
 
+impl TokenRecord {
+    /// The record of token `id` (with `sha256`, its secret's digest) for `user`,
+    /// made by `created_by` at `now_ms`, valid `ttl_ms`.
+    pub fn new(
+        id: String,
+        sha256: String,
+        user: &str,
+        created_by: &str,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> TokenRecord {
+        TokenRecord {
+            v: 1,
+            id,
+            user: user.to_string(),
+            sha256,
+            created_at_ms: now_ms,
+            expires_at_ms: now_ms.saturating_add(ttl_ms),
+            created_by: created_by.to_string(),
+        }
+    }
+}
+
 /// The caller of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
@@ -232,7 +255,8 @@ pub fn may(
     }))
 }
 
-fn role_name(r: Role) -> &'static str {
+/// How the policy spells a role.
+pub fn role_name(r: Role) -> &'static str {
     match r {
         Role::Admin => "admin",
         Role::Member => "member",
@@ -263,18 +287,8 @@ pub const DEV_TOKEN_TTL_MS: u64 = 86_400_000;
 /// [`crate::server::Listeners::bootstrap_token`], and the token to print.
 pub fn dev_token(now_ms: u64) -> Result<(TokenRecord, String), HubError> {
     let (id, token, sha256) = mint()?;
-    Ok((
-        TokenRecord {
-            v: 1,
-            id,
-            user: DEV_USER.to_string(),
-            sha256,
-            created_at_ms: now_ms,
-            expires_at_ms: now_ms + DEV_TOKEN_TTL_MS,
-            created_by: "--dev".to_string(),
-        },
-        token,
-    ))
+    let record = TokenRecord::new(id, sha256, DEV_USER, "--dev", now_ms, DEV_TOKEN_TTL_MS);
+    Ok((record, token))
 }
 
 /// Checks a user name for a new token.

@@ -220,16 +220,7 @@ async fn whoami(
         .teams
         .values()
         .filter_map(|t| {
-            auth::role_in(policy, &who.user, &t.name).map(|r| {
-                (
-                    t.name.as_str(),
-                    match r {
-                        axle_policy::Role::Admin => "admin",
-                        axle_policy::Role::Member => "member",
-                        axle_policy::Role::Viewer => "viewer",
-                    },
-                )
-            })
+            auth::role_in(policy, &who.user, &t.name).map(|r| (t.name.as_str(), auth::role_name(r)))
         })
         .collect();
     json(

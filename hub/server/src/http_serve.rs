@@ -105,9 +105,10 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<&crate::tls::ServerTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let tls = tls.map(crate::tls::ServerTls::acceptor);
     let conns: Conns = Arc::default();
     let mut next_id = 0u64;
     let mut tasks = tokio::task::JoinSet::new();

@@ -463,15 +463,14 @@ async fn create_token(args: &Args, user: &str, ttl_days: u64) -> anyhow::Result<
     let store = open_store("--store", &store, &args.etcd).await?;
     let (id, token, sha256) = axle_hub::auth::mint()?;
     let now = axle_hub::hub::Clock::system().now_ms();
-    let record = axle_hub::auth::TokenRecord {
-        v: 1,
-        id: id.clone(),
-        user: user.to_string(),
+    let record = axle_hub::auth::TokenRecord::new(
+        id.clone(),
         sha256,
-        created_at_ms: now,
-        expires_at_ms: now + ttl_days * 86_400_000,
-        created_by: "axle-hub create-token".to_string(),
-    };
+        user,
+        "axle-hub create-token",
+        now,
+        ttl_days * 86_400_000,
+    );
     let value = serde_json::to_vec(&record)?;
     store
         .txn(
@@ -519,13 +518,12 @@ fn bootstrap_token(
         );
     };
     let now = axle_hub::hub::Clock::system().now_ms();
-    Ok(axle_hub::auth::TokenRecord {
-        v: 1,
-        id: id.to_string(),
-        user: user.to_string(),
-        sha256: axle_hub::auth::digest(secret),
-        created_at_ms: now,
-        expires_at_ms: now + axle_hub::auth::MAX_TOKEN_TTL_MS,
-        created_by: "--bootstrap-token-file".to_string(),
-    })
+    Ok(axle_hub::auth::TokenRecord::new(
+        id.to_string(),
+        axle_hub::auth::digest(secret),
+        user,
+        "--bootstrap-token-file",
+        now,
+        axle_hub::auth::MAX_TOKEN_TTL_MS,
+    ))
 }

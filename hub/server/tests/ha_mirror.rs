@@ -267,12 +267,7 @@ async fn replica(etcd: &common::Etcd, id: &str, compaction_interval: Duration) -
 
 /// `GET path` on `addr`: status line and body.
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
+    let out = common::http_get(&addr.to_string(), path).await;
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
     let status = head.lines().next().unwrap_or("").to_string();
     (status, body.to_string())

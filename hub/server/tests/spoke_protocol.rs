@@ -41,7 +41,8 @@ struct Spoke {
 
 impl Spoke {
     async fn connect(url: &str, running: Vec<pb::RunningWorkload>) -> Spoke {
-        let mut client = pb::spoke_service_client::SpokeServiceClient::new(channel(url).await);
+        let mut client =
+            pb::spoke_service_client::SpokeServiceClient::new(common::channel(url).await);
         let (tx, rx) = mpsc::channel(16);
         tx.send(up(Up::Register(pb::Register {
             cluster: "c1".into(),
@@ -87,21 +88,6 @@ impl Spoke {
     }
 }
 
-/// A gRPC channel to the hub, retried while it starts (bounded).
-async fn channel(url: &str) -> tonic::transport::Channel {
-    for _ in 0..200 {
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(url.to_string())
-            .expect("valid url")
-            .connect()
-            .await
-        {
-            return ch;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("hub gRPC at {url} did not come up within 10 s");
-}
-
 fn up(m: Up) -> pb::SpokeMessage {
     pb::SpokeMessage { msg: Some(m) }
 }
@@ -132,7 +118,7 @@ async fn start_hub_with_token(token: Option<String>) -> common::TestHub {
 }
 
 async fn submit(url: &str, team: &str, priority: &str) -> u64 {
-    let mut c = pb::user_service_client::UserServiceClient::new(channel(url).await);
+    let mut c = pb::user_service_client::UserServiceClient::new(common::channel(url).await);
     c.submit(pb::SubmitRequest {
         team: team.into(),
         command: vec!["work".into()],
@@ -147,7 +133,7 @@ async fn submit(url: &str, team: &str, priority: &str) -> u64 {
 }
 
 async fn workload(url: &str, id: u64) -> pb::Workload {
-    let mut c = pb::user_service_client::UserServiceClient::new(channel(url).await);
+    let mut c = pb::user_service_client::UserServiceClient::new(common::channel(url).await);
     c.get_workload(pb::GetWorkloadRequest { id })
         .await
         .expect("get")
@@ -257,7 +243,7 @@ async fn stale_epochs_are_fenced_and_a_preempted_workload_waits_for_its_stop() {
 
 /// Opens a session with one Register and returns the hub's answer.
 async fn register(url: &str, cluster: &str, token: &str) -> Result<pb::HubMessage, tonic::Status> {
-    let mut client = pb::spoke_service_client::SpokeServiceClient::new(channel(url).await);
+    let mut client = pb::spoke_service_client::SpokeServiceClient::new(common::channel(url).await);
     let (tx, rx) = mpsc::channel(4);
     tx.send(up(Up::Register(pb::Register {
         cluster: cluster.into(),
@@ -295,25 +281,10 @@ async fn forged_spokes_are_refused_and_change_nothing() {
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("rogue"), "{}", e.message());
     // Neither attempt registered anything: c1 is still only declared.
-    let body = http_get(&http, "/api/v1/clusters").await;
+    let body = common::http_get(&http, "/api/v1/clusters").await;
     assert!(body.contains("\"Declared\""), "{body}");
     assert!(!body.contains("rogue"), "{body}");
     let ok = register(&grpc, "c1", "s3cret").await.expect("right token");
     assert!(matches!(ok.msg, Some(Down::Registered(_))));
     let _ = hub.stop.send(());
-}
-
-/// A plain HTTP/1.1 GET over loopback (the hub's HTTP API), without a client library.
-async fn http_get(base: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = base.trim_start_matches("http://");
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
-    out
 }

@@ -51,20 +51,6 @@ async fn start_hub() -> common::TestHub {
     .await
 }
 
-async fn channel(url: &str) -> tonic::transport::Channel {
-    for _ in 0..200 {
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(url.to_string())
-            .expect("url")
-            .connect()
-            .await
-        {
-            return ch;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("no hub at {url}");
-}
-
 fn up(m: Up) -> pb::SpokeMessage {
     pb::SpokeMessage { msg: Some(m) }
 }
@@ -132,7 +118,7 @@ impl Session {
 
 /// Registers `r`; the session once the hub answered `Registered`.
 async fn open(url: &str, r: pb::Register) -> Result<Session, tonic::Status> {
-    let mut client = pb::spoke_service_client::SpokeServiceClient::new(channel(url).await);
+    let mut client = pb::spoke_service_client::SpokeServiceClient::new(common::channel(url).await);
     let (tx, rx) = mpsc::channel(64);
     tx.send(up(Up::Register(r))).await.expect("send register");
     let mut rx = client.session(ReceiverStream::new(rx)).await?.into_inner();
@@ -145,7 +131,7 @@ async fn open(url: &str, r: pb::Register) -> Result<Session, tonic::Status> {
 }
 
 async fn submit(url: &str, model: &str) -> u64 {
-    let mut c = pb::user_service_client::UserServiceClient::new(channel(url).await);
+    let mut c = pb::user_service_client::UserServiceClient::new(common::channel(url).await);
     c.submit(pb::SubmitRequest {
         team: "t".into(),
         command: vec!["work".into()],
@@ -157,18 +143,6 @@ async fn submit(url: &str, model: &str) -> u64 {
     .expect("submit")
     .into_inner()
     .id
-}
-
-async fn http_get(base: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = base.trim_start_matches("http://");
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
-    out
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -206,7 +180,7 @@ async fn a_second_spoke_for_a_connected_cluster_is_refused_and_the_workload_runs
     }
     // The first session is untouched: no stop, no second assignment, still Ready.
     assert!(first.next_within(Duration::from_secs(2)).await.is_none());
-    let body = http_get(&hub.http_url(), &format!("/api/v1/workloads/{id}")).await;
+    let body = common::http_get(&hub.http_url(), &format!("/api/v1/workloads/{id}")).await;
     assert!(
         body.contains("\"epoch\":1") && body.contains("\"Running\""),
         "{body}"
@@ -274,7 +248,7 @@ async fn a_spokes_claims_are_checked_against_the_policy_and_change_nothing() {
     assert!(m.contains("B200"), "{m}");
 
     // None of it changed the cluster: still Declared, in eu-west, 4 GPUs.
-    let body = http_get(&http, "/api/v1/clusters").await;
+    let body = common::http_get(&http, "/api/v1/clusters").await;
     assert!(body.contains("\"Declared\""), "{body}");
     assert!(
         !body.contains("attacker-land") && !body.contains("elsewhere"),
@@ -312,7 +286,7 @@ async fn a_spoke_writes_logs_only_for_runs_assigned_to_its_cluster() {
     c1.send(chunk(id, 1, "written by c1\n")).await;
     let mut body = String::new();
     for _ in 0..100 {
-        body = http_get(&http, &format!("/api/v1/workloads/{id}/logs")).await;
+        body = common::http_get(&http, &format!("/api/v1/workloads/{id}/logs")).await;
         if body.contains("written by c1") {
             break;
         }

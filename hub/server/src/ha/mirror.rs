@@ -157,11 +157,6 @@ impl Mirror {
             rev: copy.rev,
         })
     }
-
-    /// The copy's revision; 0 while cold.
-    pub fn rev(&self) -> Rev {
-        *self.rev.borrow()
-    }
 }
 
 impl Drop for Mirror {

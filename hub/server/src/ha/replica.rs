@@ -124,12 +124,11 @@ pub async fn run(
         me,
         warm,
     });
-    let acceptor = listeners.tls.as_ref().map(|t| t.acceptor());
     let http = crate::http_serve::serve(
         listeners.http,
         app,
         listeners.http_limits,
-        acceptor,
+        listeners.tls.as_ref(),
         async move {
             let _ = http_stop.wait_for(|s| *s).await;
         },

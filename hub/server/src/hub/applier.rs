@@ -215,6 +215,14 @@ impl Hub {
 }
 
 impl Inner {
+    /// Runs `f` as a user's command: its events name `who`.
+    fn as_actor<T>(&mut self, who: crate::auth::Identity, f: impl FnOnce(&mut Self) -> T) -> T {
+        self.actor = Some(who);
+        let res = f(self);
+        self.actor = None;
+        res
+    }
+
     pub(super) fn apply(
         &mut self,
         cfg: &HubConfig,
@@ -225,10 +233,7 @@ impl Inner {
     ) {
         match cmd {
             Command::Submit(req, who, reply) => {
-                self.actor = Some(who);
-                let res = self.submit(req, fx, now);
-                self.actor = None;
-                match res {
+                match self.as_actor(who, |inner| inner.submit(req, fx, now)) {
                     // The view is taken after this batch's cycle, so the answer
                     // already says where the workload went or why it waits.
                     Ok((id, created)) => fx.submitted.push((id, created, reply)),
@@ -238,9 +243,7 @@ impl Inner {
                 }
             }
             Command::Cancel(id, who, reply) => {
-                self.actor = Some(who);
-                let res = self.cancel(id, fx, now);
-                self.actor = None;
+                let res = self.as_actor(who, |inner| inner.cancel(id, fx, now));
                 fx.after(move || {
                     let _ = reply.send(res);
                 });
@@ -251,17 +254,13 @@ impl Inner {
                 by,
                 reply,
             } => {
-                self.actor = Some(by);
-                let res = self.create_token(user, ttl_ms, fx, now);
-                self.actor = None;
+                let res = self.as_actor(by, |inner| inner.create_token(user, ttl_ms, fx, now));
                 fx.after(move || {
                     let _ = reply.send(res);
                 });
             }
             Command::RevokeToken { id, by, reply } => {
-                self.actor = Some(by);
-                let res = self.revoke_token(&id, fx, now);
-                self.actor = None;
+                let res = self.as_actor(by, |inner| inner.revoke_token(&id, fx, now));
                 fx.after(move || {
                     let _ = reply.send(res);
                 });

@@ -55,15 +55,7 @@ impl Inner {
             )));
         }
         let (id, token, sha256) = auth::mint()?;
-        let record = TokenRecord {
-            v: 1,
-            id: id.clone(),
-            user: user.clone(),
-            sha256,
-            created_at_ms: now,
-            expires_at_ms: now.saturating_add(ttl_ms),
-            created_by: by.user.clone(),
-        };
+        let record = TokenRecord::new(id.clone(), sha256, &user, &by.user, now, ttl_ms);
         fx.put(token_key(&id), &record);
         Arc::make_mut(&mut self.tokens).insert(id.clone(), record.clone());
         self.event(

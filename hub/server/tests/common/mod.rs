@@ -305,3 +305,34 @@ pub async fn value_of(store: &dyn Store, key: &str) -> Option<String> {
         .unwrap()
         .map(|kv| String::from_utf8(kv.value).unwrap())
 }
+
+/// A gRPC channel to the hub at `url`, retried while it starts (at most 10 s).
+pub async fn channel(url: &str) -> tonic::transport::Channel {
+    for _ in 0..200 {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(url.to_string())
+            .expect("valid url")
+            .connect()
+            .await
+        {
+            return ch;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("hub gRPC at {url} did not come up within 10 s");
+}
+
+/// A plain HTTP/1.1 GET of `path` on `base` (`http://host:port` or `host:port`), without
+/// a client library: the whole answer, status line and headers included.
+pub async fn http_get(base: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    out
+}
