@@ -43,7 +43,7 @@ spec:
   quotas:
     H100: {guaranteed: 0, limit: $gpus}
 YAML
-"$bin/axle-hub" --auth none --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" \
+"$bin/axle-hub" --auth none --insecure-no-tls --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" \
   --data-dir "$work/hub" --policy "$work/policy" >"$work/hub.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [ -s "$work/kubeconfig" ] && break; sleep 0.1; done

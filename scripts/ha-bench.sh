@@ -49,7 +49,7 @@ bench() { $bin/axle --hub "$1" bench submit --jobs "$JOBS" --gpus 0.25 --concurr
 
 echo "== 1a. bench submit on redb ($JOBS jobs)"
 h=$(free); g=$(free)
-$bin/axle-hub --auth none --policy "$policy" --data-dir "$work/redb" --http "127.0.0.1:$h" --grpc "127.0.0.1:$g" >"$work/redb.log" 2>&1 &
+$bin/axle-hub --auth none --insecure-no-tls --policy "$policy" --data-dir "$work/redb" --http "127.0.0.1:$h" --grpc "127.0.0.1:$g" >"$work/redb.log" 2>&1 &
 redb=$!; pids+=($redb)
 wait_http "http://127.0.0.1:$h/readyz"
 spoke "http://127.0.0.1:$g" "$work/spoke-redb"; sleep 2
@@ -59,7 +59,7 @@ kill "$redb" "${pids[-1]}"; sleep 1
 echo "== 1b. bench submit through 3 replicas on 3-member etcd ($JOBS jobs)"
 hp=(); gp=(); hub=()
 start_replica() { # i
-  $bin/axle-hub --auth none --policy "$policy" --data-dir "$work/r$1" --http "127.0.0.1:${hp[$1]}" --grpc "127.0.0.1:${gp[$1]}" \
+  $bin/axle-hub --auth none --insecure-no-tls --policy "$policy" --data-dir "$work/r$1" --http "127.0.0.1:${hp[$1]}" --grpc "127.0.0.1:${gp[$1]}" \
     --store "$store" --replica-id "r$1" --lease-ttl-ms "$TTL_MS" >>"$work/r$1.log" 2>&1 &
   hub[$1]=$!; pids+=($!)
 }

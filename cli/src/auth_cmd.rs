@@ -106,6 +106,53 @@ pub enum TokenCommand {
     Revoke { id: String },
 }
 
+#[derive(Debug, clap::Subcommand)]
+pub enum ClusterCommand {
+    /// Mint a one-time join token for a new spoke of CLUSTER (platform admins); start
+    /// the spoke once with `axle-spoke --join-token TOKEN`. It is shown once.
+    JoinToken {
+        cluster: String,
+        /// How long it is valid: e.g. `30m`, `1h`, `2d` (default 1h, at most 7d).
+        #[arg(long, value_parser = parse_ttl, default_value = "1h")]
+        ttl: u64,
+    },
+    /// Cut CLUSTER's spoke off at once (platform admins): its certificate is refused and
+    /// its session ends; its work is re-queued once the spoke counts as lost.
+    Revoke { cluster: String },
+}
+
+/// `axle cluster …`.
+pub async fn cluster(client: &Client, c: ClusterCommand) -> anyhow::Result<ExitCode> {
+    match c {
+        ClusterCommand::JoinToken { cluster, ttl } => {
+            let t = client.create_join_token(&cluster, ttl).await?;
+            eprintln!(
+                "join token {} for cluster {cluster}, valid {} min, for one spoke, once; \
+                 it is shown once. Start the spoke with:\n  axle-spoke --cluster {cluster} \
+                 --hub https://HUB:7071 --join-token TOKEN",
+                t["id"].as_str().unwrap_or("?"),
+                ttl.div_ceil(60)
+            );
+            println!("{}", t["token"].as_str().unwrap_or(""));
+            Ok(ExitCode::SUCCESS)
+        }
+        ClusterCommand::Revoke { cluster } => {
+            let r = client.revoke_cluster(&cluster).await?;
+            println!(
+                "cluster {cluster} revoked: {} certificates, {} unused join tokens{}",
+                r["certificates_revoked"].as_u64().unwrap_or(0),
+                r["join_tokens_revoked"].as_u64().unwrap_or(0),
+                if r["session_ended"].as_bool() == Some(true) {
+                    "; its spoke was disconnected"
+                } else {
+                    ""
+                }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
 /// `30d`, `12h`, `45m`, `3600s` (or plain seconds) as seconds.
 pub fn parse_ttl(s: &str) -> Result<u64, String> {
     let s = s.trim();

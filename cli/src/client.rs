@@ -519,6 +519,27 @@ impl Client {
             .map(|(_, v)| v)
     }
 
+    /// `POST /api/v1/clusters/{name}/join-tokens`: a one-time join token for a new spoke.
+    pub async fn create_join_token(
+        &self,
+        cluster: &str,
+        ttl_s: u64,
+    ) -> Result<serde_json::Value, ClientError> {
+        let url = self.url(&format!("api/v1/clusters/{cluster}/join-tokens"), &[]);
+        let body = serde_json::json!({ "ttl_s": ttl_s });
+        self.call(Method::POST, url, Some(&body))
+            .await
+            .map(|(_, v)| v)
+    }
+
+    /// `POST /api/v1/clusters/{name}/revoke`: cut the cluster's spoke off.
+    pub async fn revoke_cluster(&self, cluster: &str) -> Result<serde_json::Value, ClientError> {
+        let url = self.url(&format!("api/v1/clusters/{cluster}/revoke"), &[]);
+        self.call(Method::POST, url, None::<&()>)
+            .await
+            .map(|(_, v)| v)
+    }
+
     /// `GET /api/v1/teams`.
     pub async fn teams(&self) -> Result<Vec<TeamView>, ClientError> {
         self.get("api/v1/teams", &[]).await

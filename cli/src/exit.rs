@@ -75,6 +75,10 @@ pub fn classify(err: &anyhow::Error) -> (u8, Vec<String>) {
                 "hint: the hub's TLS certificate is not trusted here: pass --ca-file (or \
                  AXLE_CA_FILE) with the CA that signed it"
                     .to_string()
+            } else if reason.contains("invalid HTTP version") {
+                "hint: the hub answers with TLS: use its https:// URL (and --ca-file with the \
+                 CA of its certificate, e.g. the hub's DATA_DIR/spoke-ca.pem)"
+                    .to_string()
             } else {
                 format!("hint: {}", unreachable_hint())
             });

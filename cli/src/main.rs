@@ -78,6 +78,9 @@ enum Command {
     /// API tokens (platform admins).
     #[command(subcommand)]
     Token(auth_cmd::TokenCommand),
+    /// Join and revoke clusters' spokes (platform admins).
+    #[command(subcommand)]
+    Cluster(auth_cmd::ClusterCommand),
     /// Print a shell completion script: `source <(axle completion bash)`.
     Completion {
         #[arg(value_enum)]
@@ -178,6 +181,7 @@ fn run_hub_command(
             Command::Login(a) => auth_cmd::login(&client, hub, a).await,
             Command::Whoami => auth_cmd::whoami(&client).await,
             Command::Token(c) => auth_cmd::token(&client, c).await,
+            Command::Cluster(c) => auth_cmd::cluster(&client, c).await,
             Command::Policy(_) | Command::Simulate(_) | Command::Completion { .. } => {
                 unreachable!("offline commands are dispatched in main")
             }

@@ -69,6 +69,7 @@ fn dev_spokes(grpc_url: &str, data_dir: &std::path::Path, policy: &Policy) -> Ve
             data_dir: data_dir.join("spokes/eu-1"),
             token: None,
             hub_ca_pem: None,
+            join_token: None,
             driver: Default::default(),
         },
         SpokeConfig {
@@ -80,6 +81,7 @@ fn dev_spokes(grpc_url: &str, data_dir: &std::path::Path, policy: &Policy) -> Ve
             data_dir: data_dir.join("spokes/us-1"),
             token: None,
             hub_ca_pem: None,
+            join_token: None,
             driver: Default::default(),
         },
     ]
@@ -135,6 +137,7 @@ async fn run(
     let axle = axle_command();
     println!(
         "\nAxle hub (dev) is up: HTTP http://{http}  gRPC {grpc}  data {}\n\
+         PLAINTEXT on loopback, spokes without certificates: for one machine only\n\
          spokes: eu-1 (2 nodes × 8 H100, {}), us-1 (1 node × 4 A100, {})\n\
          teams: {}\n\n\
          {login}\n\n\

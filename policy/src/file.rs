@@ -176,6 +176,10 @@ pub struct TeamSpec {
     pub weight: Option<Loc<f64>>,
     #[serde(default)]
     pub members: Vec<MemberSpec>,
+    /// Single sign-on groups whose users have a role in the team: a user gets
+    /// the highest role of their own entry and their groups'.
+    #[serde(default)]
+    pub groups: Vec<GroupSpec>,
     /// Cloud overflow; omitted means no bursting.
     #[serde(default)]
     pub burst: Option<TeamBurstSpec>,
@@ -201,6 +205,16 @@ pub enum RoleSpec {
     Admin,
     Member,
     Viewer,
+}
+
+/// A group of the ID tokens' groups claim (`axle-hub --oidc-groups-claim`).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GroupSpec {
+    pub group: Loc<String>,
+    /// Default `member`.
+    #[serde(default)]
+    pub role: Option<RoleSpec>,
 }
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

@@ -138,6 +138,9 @@ pub struct Team {
     /// share of idle capacity of a team with weight 1.
     pub weight: f64,
     pub members: Vec<Member>,
+    /// Groups of the company's single sign-on whose users have a role here.
+    #[serde(default)]
+    pub groups: Vec<GroupMember>,
     pub burst: TeamBurst,
 }
 
@@ -166,6 +169,13 @@ pub enum Role {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
     pub user: String,
+    pub role: Role,
+}
+
+/// A single sign-on group (from the ID token's groups claim) with a role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupMember {
+    pub group: String,
     pub role: Role,
 }
 

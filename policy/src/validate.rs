@@ -674,6 +674,40 @@ fn teams(
                 },
             });
         }
+        let mut groups = Vec::new();
+        let mut seen: BTreeMap<&str, Pos> = BTreeMap::new();
+        for (i, g) in s.groups.iter().enumerate() {
+            let path = format!("groups[{i}].group");
+            if g.group.value.trim().is_empty() {
+                rep.error(
+                    doc.at(&g.group),
+                    doc.path(&path),
+                    "empty group name".to_string(),
+                    "write the group as the identity provider's groups claim names it",
+                );
+            } else if let Some(first) = seen.get(g.group.value.as_str()) {
+                let hint = format!(
+                    "first listed at {}; give each group one role",
+                    rep.describe(*first)
+                );
+                rep.error(
+                    doc.at(&g.group),
+                    doc.path(&path),
+                    format!("group `{}` is listed twice", g.group.value),
+                    &hint,
+                );
+            } else {
+                seen.insert(&g.group.value, doc.at(&g.group));
+            }
+            groups.push(crate::model::GroupMember {
+                group: g.group.value.clone(),
+                role: match g.role.unwrap_or(RoleSpec::Member) {
+                    RoleSpec::Admin => Role::Admin,
+                    RoleSpec::Member => Role::Member,
+                    RoleSpec::Viewer => Role::Viewer,
+                },
+            });
+        }
 
         let burst = s
             .burst
@@ -688,6 +722,7 @@ fn teams(
                 quotas,
                 weight,
                 members,
+                groups,
                 burst,
             },
         );

@@ -38,8 +38,13 @@ pub struct SpokeConfig {
     pub data_dir: PathBuf,
     /// Shared secret when the hub requires one.
     pub token: Option<String>,
-    /// PEM CA certificate(s) that signed the hub's TLS certificate, for `https://` hub URLs.
+    /// PEM CA certificate(s) that signed the hub's TLS certificate, for `https://` hub
+    /// URLs of a hub that admits spokes by token; a spoke with a certificate
+    /// (see [`crate::identity`]) trusts the CA it joined.
     pub hub_ca_pem: Option<Vec<u8>>,
+    /// A one-time join token (`axle cluster join-token`): with it, a spoke
+    /// with no certificate in its data dir joins the hub and gets one.
+    pub join_token: Option<String>,
     /// How the spoke runs work.
     pub driver: DriverConfig,
 }

@@ -12,6 +12,7 @@ mod config;
 pub mod driver;
 mod event;
 mod gpu_class;
+pub mod identity;
 mod logs;
 mod outbox;
 mod session;
@@ -129,8 +130,28 @@ pub async fn run_with(
     if config.cluster.trim().is_empty() {
         anyhow::bail!("the cluster name is empty");
     }
-    let tls = session::client_tls(config.hub_ca_pem.as_deref());
-    let endpoints = session::endpoints(&config.hub_url, tls.as_ref())?;
+    // Checked once here, so a bad --hub fails the start, not every dial.
+    session::endpoints(&config.hub_url, session::client_tls(Some(b"")).as_ref())?;
+    let wants_tls = config.hub_url.contains("https://");
+    let kept = identity::SpokeIdentity::load(&config.data_dir)?.is_some();
+    let mut renewer = None;
+    let tls = if wants_tls && (config.join_token.is_some() || kept || config.hub_ca_pem.is_none()) {
+        let creds = identity::establish(
+            &config.hub_url,
+            &config.cluster,
+            &config.data_dir,
+            config.join_token.as_deref(),
+        )
+        .await?;
+        renewer = Some(tokio::spawn(identity::renew_loop(
+            creds.clone(),
+            config.hub_url.clone(),
+            config.data_dir.clone(),
+        )));
+        session::TlsSource::Identity(creds)
+    } else {
+        session::TlsSource::Fixed(session::client_tls(config.hub_ca_pem.as_deref()))
+    };
     let shim_exe = match options.shim_exe {
         Some(path) => path,
         None => std::env::current_exe()
@@ -149,7 +170,7 @@ pub async fn run_with(
     sweep_checkpoints(&config.data_dir.join("checkpoints"), CHECKPOINT_RETENTION);
     let (inputs_tx, inputs_rx) = mpsc::channel(INPUT_CHANNEL_CAPACITY);
     let (events_tx, events_rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
-    let dialer = tokio::spawn(session::dial_loop(endpoints, tls, inputs_tx));
+    let dialer = tokio::spawn(session::dial_loop(config.hub_url.clone(), tls, inputs_tx));
     let result = match config.driver.clone() {
         DriverConfig::Local => {
             let driver = driver::local::LocalDriver::new(
@@ -188,6 +209,9 @@ pub async fn run_with(
         }
     };
     dialer.abort();
+    if let Some(r) = renewer {
+        r.abort();
+    }
     result
 }
 
@@ -209,6 +233,7 @@ mod tests {
             data_dir: PathBuf::from("/nonexistent"),
             token: None,
             hub_ca_pem: None,
+            join_token: None,
             driver: Default::default(),
         };
         let fut = run(config, async {});

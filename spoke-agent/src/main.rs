@@ -53,9 +53,14 @@ struct Args {
     /// Shared secret the hub requires from spokes.
     #[arg(long, env = "AXLE_SPOKE_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// PEM CA certificate(s) that signed the hub's TLS certificate (for https:// hub URLs).
+    /// PEM CA certificate(s) that signed the hub's TLS certificate, for a hub that admits
+    /// spokes by --token over TLS. A spoke that joined trusts the CA it joined instead.
     #[arg(long, env = "AXLE_CA_FILE", value_name = "FILE")]
     ca_file: Option<PathBuf>,
+    /// One-time join token from `axle cluster join-token CLUSTER`: a new spoke trades it
+    /// for a certificate (kept in DATA_DIR/identity) and connects with mTLS from then on.
+    #[arg(long, env = "AXLE_JOIN_TOKEN", hide_env_values = true)]
+    join_token: Option<String>,
     /// How work runs: `local` (processes on this host) or `kubernetes`
     /// (Jobs in the cluster of the kubeconfig or the pod this runs in).
     #[arg(long, value_enum, default_value = "local", env = "AXLE_SPOKE_DRIVER")]
@@ -186,6 +191,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         nodes,
         data_dir,
         token: args.token.filter(|t| !t.is_empty()),
+        join_token: args.join_token.filter(|t| !t.is_empty()),
         driver,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

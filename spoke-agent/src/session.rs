@@ -43,7 +43,7 @@ const WARN_EVERY_FAILED_DIALS: u32 = 12;
 
 /// An error with its causes (tonic's transport error alone says only
 /// "transport error").
-fn chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
@@ -128,29 +128,58 @@ pub fn endpoints(hub_urls: &str, tls: Option<&ClientTlsConfig>) -> anyhow::Resul
     urls.into_iter().map(|u| endpoint(u, tls)).collect()
 }
 
-/// The leader a replica that does not lead named, if it did.
-fn leader_hint(status: &tonic::Status, tls: Option<&ClientTlsConfig>) -> Option<Endpoint> {
+/// The URL of the leader a replica that does not lead named, if it did.
+pub(crate) fn leader_url(status: &tonic::Status) -> Option<String> {
     if status.code() != tonic::Code::Unavailable {
         return None;
     }
     let url = status.metadata().get(LEADER_METADATA)?.to_str().ok()?;
-    endpoint(url, tls).ok()
+    Some(url.to_string())
 }
 
-/// Dials the hub forever, going round the replicas of `endpoints` (and
+/// The leader a replica that does not lead named, if it did.
+fn leader_hint(status: &tonic::Status, tls: Option<&ClientTlsConfig>) -> Option<Endpoint> {
+    endpoint(&leader_url(status)?, tls).ok()
+}
+
+/// Where each connection's TLS settings come from.
+#[derive(Clone)]
+pub enum TlsSource {
+    /// Plaintext (`None`) or TLS trusting `--ca-file`, the same for every connection.
+    Fixed(Option<ClientTlsConfig>),
+    /// mTLS with the spoke's certificate, which renewals replace.
+    Identity(std::sync::Arc<crate::identity::Credentials>),
+}
+
+impl TlsSource {
+    pub fn current(&self) -> Option<ClientTlsConfig> {
+        match self {
+            TlsSource::Fixed(t) => t.clone(),
+            TlsSource::Identity(c) => Some(c.tls()),
+        }
+    }
+}
+
+/// Dials the hub forever, going round the replicas of `hub_urls` (and
 /// straight to the leader a follower names); each session is announced to
 /// the agent with `Connected` (carrying the sender for the upward stream)
 /// and closed with `Disconnected`. Returns only when the agent is gone.
-pub async fn dial_loop(
-    endpoints: Vec<Endpoint>,
-    tls: Option<ClientTlsConfig>,
-    inputs: mpsc::Sender<Input>,
-) {
+pub async fn dial_loop(hub_urls: String, source: TlsSource, inputs: mpsc::Sender<Input>) {
     let mut backoff = Backoff::default();
     let mut failed_dials: u32 = 0;
     let mut next = 0usize;
     let mut hint: Option<Endpoint> = None;
     loop {
+        // Built for each dial: a renewed certificate is used from the next connection on.
+        let tls = source.current();
+        let endpoints = match endpoints(&hub_urls, tls.as_ref()) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!("cannot dial the hub: {e:#}");
+                tokio::time::sleep(MAX_BACKOFF).await;
+                continue;
+            }
+        };
         let endpoint = match hint.take() {
             Some(e) => e,
             None => {

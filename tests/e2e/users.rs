@@ -66,7 +66,7 @@ async fn a_platform_team_sets_up_users_and_every_call_is_checked() {
     let log = std::fs::File::create(dir.path().join("hub.log")).unwrap();
     let _hub = Killed(
         Command::new(bin("axle-hub"))
-            .args(["--policy", policy, "--data-dir"])
+            .args(["--policy", policy, "--insecure-no-tls", "--data-dir"])
             .arg(&data)
             .args(["--http", &format!("127.0.0.1:{}", ports.http)])
             .args(["--grpc", &format!("127.0.0.1:{}", ports.grpc)])
@@ -184,7 +184,7 @@ async fn the_first_admin_comes_from_a_token_file_while_the_hub_runs_on_any_store
     std::fs::write(&junk, "hunter2").unwrap();
     let hub_cmd = |token_file: &Path, ports: Ports| {
         let mut cmd = Command::new(bin("axle-hub"));
-        cmd.args(["--policy", policy, "--data-dir"])
+        cmd.args(["--policy", policy, "--insecure-no-tls", "--data-dir"])
             .arg(dir.path().join("hub"))
             .args(["--http", &format!("127.0.0.1:{}", ports.http)])
             .args(["--grpc", &format!("127.0.0.1:{}", ports.grpc)])

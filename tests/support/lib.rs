@@ -337,6 +337,14 @@ impl HubProc {
         if !extra_args.iter().any(|a| a.starts_with("--auth")) {
             cmd.args(["--auth", "none"]);
         }
+        // Likewise plaintext on loopback, unless the scenario is about TLS.
+        let tls = ["--tls-cert", "--tls-san", "--spoke-ca-cert"];
+        if !extra_args
+            .iter()
+            .any(|a| tls.iter().any(|t| a.starts_with(t)))
+        {
+            cmd.arg("--insecure-no-tls");
+        }
         Proc::spawn(&format!("axle-hub :{}", ports.http), cmd, log)
     }
 

@@ -55,6 +55,7 @@ fn policy() -> Policy {
                     )]),
                     weight: 1.0 + (i % 3) as f64,
                     members: Vec::new(),
+                    groups: Vec::new(),
                     burst: TeamBurst::default(),
                 },
             )

@@ -38,6 +38,7 @@ pub fn policy(teams: &[(&str, &[QuotaDef<'_>])], cross: CrossTeamPreemption) -> 
                     quotas,
                     weight: 1.0,
                     members: Vec::new(),
+                    groups: Vec::new(),
                     burst: TeamBurst::default(),
                 },
             )

@@ -94,8 +94,10 @@ impl TokenRecord {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     pub user: String,
-    /// How they proved it, for the audit log: `token <id>`, or `none`.
+    /// How they proved it, for the audit log: `token <id>`, `oidc <issuer>`, or `none`.
     pub via: String,
+    /// Their single sign-on groups (from an ID token); teams give groups roles.
+    pub groups: Vec<String>,
 }
 
 impl Identity {
@@ -103,6 +105,7 @@ impl Identity {
         Identity {
             user: ANONYMOUS.to_string(),
             via: "none (--auth none)".to_string(),
+            groups: Vec::new(),
         }
     }
 }
@@ -137,10 +140,12 @@ pub fn parse(token: &str) -> Option<(&str, &str)> {
     (hexy(id, 12) && hexy(secret, 64)).then_some((id, secret))
 }
 
-/// The caller of a request carrying `authorization` (the header's value).
+/// The caller of a request carrying `authorization` (the header's value): an
+/// API token, or an OIDC ID token when the hub has `oidc`.
 pub fn authenticate(
     mode: AuthMode,
     tokens: &BTreeMap<String, TokenRecord>,
+    oidc: Option<&crate::oidc::Oidc>,
     authorization: Option<&str>,
     now_ms: u64,
 ) -> Result<Identity, HubError> {
@@ -159,6 +164,23 @@ pub fn authenticate(
         .or_else(|| value.strip_prefix("bearer "))
         .unwrap_or(value)
         .trim();
+    if crate::oidc::looks_like_jwt(token) {
+        let Some(oidc) = oidc else {
+            return Err(HubError::Unauthenticated(
+                "this is an ID token, and this hub accepts none: it has no single sign-on \
+                 (axle-hub --oidc-issuer); use an API token"
+                    .into(),
+            ));
+        };
+        let u = oidc
+            .verify(token, now_ms / 1000)
+            .map_err(|e| HubError::Unauthenticated(e.to_string()))?;
+        return Ok(Identity {
+            user: u.user,
+            via: format!("oidc {}", u.issuer),
+            groups: u.groups,
+        });
+    }
     let bad = || HubError::Unauthenticated("the API token is not valid".into());
     let (id, secret) = parse(token).ok_or_else(bad)?;
     let record = tokens.get(id).ok_or_else(bad)?;
@@ -176,6 +198,7 @@ pub fn authenticate(
     Ok(Identity {
         user: record.user.clone(),
         via: format!("token {id}"),
+        groups: Vec::new(),
     })
 }
 
@@ -190,6 +213,8 @@ pub enum Action<'a> {
     Cancel { owner: Option<&'a str> },
     /// Mint and list API tokens (no team).
     ManageTokens,
+    /// Mint join tokens for clusters and revoke them (no team).
+    ManageClusters,
 }
 
 /// Whether `user` is a platform admin (anonymous callers of `--auth none` are).
@@ -198,14 +223,24 @@ pub fn is_platform_admin(policy: &Policy, user: &str) -> bool {
 }
 
 /// `user`'s role in `team`, if any.
-pub fn role_in(policy: &Policy, user: &str, team: &str) -> Option<Role> {
-    policy
-        .teams
-        .get(team)?
+pub fn role_in(policy: &Policy, who: &Identity, team: &str) -> Option<Role> {
+    let team = policy.teams.get(team)?;
+    let own = team
         .members
         .iter()
-        .find(|m| m.user == user)
-        .map(|m| m.role)
+        .filter(|m| m.user == who.user)
+        .map(|m| m.role);
+    let by_group = team
+        .groups
+        .iter()
+        .filter(|g| who.groups.contains(&g.group))
+        .map(|g| g.role);
+    // The highest of them: admin over member over viewer.
+    own.chain(by_group).min_by_key(|r| match r {
+        Role::Admin => 0,
+        Role::Member => 1,
+        Role::Viewer => 2,
+    })
 }
 
 /// Whether `who` may do `action` on `team`'s work; else a 403 saying why.
@@ -219,11 +254,16 @@ pub fn may(
         return Ok(());
     }
     let user = &who.user;
-    let role = role_in(policy, user, team);
+    let role = role_in(policy, who, team);
     let ok = match (action, role) {
         (Action::ManageTokens, _) => {
             return Err(HubError::PermissionDenied(format!(
                 "{user} is not a platform admin (Settings platformAdmins): only they manage API tokens"
+            )));
+        }
+        (Action::ManageClusters, _) => {
+            return Err(HubError::PermissionDenied(format!(
+                "{user} is not a platform admin (Settings platformAdmins): only they join and revoke clusters"
             )));
         }
         (_, None) => false,
@@ -241,6 +281,7 @@ pub fn may(
         Action::Submit => "submit for",
         Action::Cancel { .. } => "cancel this workload of",
         Action::ManageTokens => "manage the tokens of",
+        Action::ManageClusters => "manage the clusters of",
     };
     Err(HubError::PermissionDenied(match role {
         None => format!("{user} may not {what} team {team}: not a member of it"),
@@ -273,7 +314,7 @@ pub fn readable_teams(policy: &Policy, who: &Identity) -> Option<BTreeSet<String
         policy
             .teams
             .values()
-            .filter(|t| t.members.iter().any(|m| m.user == who.user))
+            .filter(|t| role_in(policy, who, &t.name).is_some())
             .map(|t| t.name.clone())
             .collect(),
     )
@@ -333,20 +374,21 @@ mod tests {
         let who = authenticate(
             AuthMode::Tokens,
             &tokens,
+            None,
             Some(&format!("Bearer {token}")),
             10,
         );
         assert_eq!(who.unwrap().user, "alice");
         let forged = format!("{TOKEN_PREFIX}{id}_{}", "0".repeat(64));
         for bad in [forged.as_str(), "axle_x", "", "Bearer"] {
-            let e = authenticate(AuthMode::Tokens, &tokens, Some(bad), 10).unwrap_err();
+            let e = authenticate(AuthMode::Tokens, &tokens, None, Some(bad), 10).unwrap_err();
             assert!(matches!(e, HubError::Unauthenticated(_)), "{bad}: {e}");
         }
-        let e = authenticate(AuthMode::Tokens, &tokens, None, 10).unwrap_err();
+        let e = authenticate(AuthMode::Tokens, &tokens, None, None, 10).unwrap_err();
         assert!(e.to_string().contains("no credentials"), "{e}");
-        let e = authenticate(AuthMode::Tokens, &tokens, Some(&token), 1_000).unwrap_err();
+        let e = authenticate(AuthMode::Tokens, &tokens, None, Some(&token), 1_000).unwrap_err();
         assert!(e.to_string().contains("expired"), "{e}");
-        let open = authenticate(AuthMode::None, &BTreeMap::new(), None, 0).unwrap();
+        let open = authenticate(AuthMode::None, &BTreeMap::new(), None, None, 0).unwrap();
         assert_eq!(open.user, ANONYMOUS);
     }
 }

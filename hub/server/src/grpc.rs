@@ -59,6 +59,7 @@ impl pb::spoke_service_server::SpokeService for SpokeSvc {
         &self,
         req: Request<Streaming<pb::SpokeMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        let peer = peer_fingerprint(&req);
         let mut inbound = req.into_inner();
         let first = inbound
             .message()
@@ -76,6 +77,7 @@ impl pb::spoke_service_server::SpokeService for SpokeSvc {
         self.hub
             .send(Command::Register {
                 register,
+                peer,
                 conn,
                 tx,
                 reply,
@@ -93,6 +95,73 @@ impl pb::spoke_service_server::SpokeService for SpokeSvc {
         });
         let ok: fn(pb::HubMessage) -> Result<pb::HubMessage, Status> = Ok;
         Ok(Response::new(ReceiverStream::new(rx).map(ok)))
+    }
+
+    async fn join(
+        &self,
+        req: Request<pb::JoinRequest>,
+    ) -> Result<Response<pb::SpokeCertificate>, Status> {
+        let r = req.into_inner();
+        // Anyone may call Join: what is not a join token the hub holds is
+        // refused here, from the read view, without the applier.
+        let known = crate::spoke_ca::parse_join_token(&r.token)
+            .is_some_and(|(id, _, _)| self.hub.read().join_tokens.contains_key(id));
+        if !known {
+            return Err(status_of(crate::hub::invalid_join_token()));
+        }
+        let (reply, rx) = oneshot::channel();
+        self.hub
+            .send(Command::Join {
+                token: r.token,
+                cluster: r.cluster,
+                csr_pem: r.csr_pem,
+                reply,
+            })
+            .await
+            .map_err(status_of)?;
+        let issued = rx
+            .await
+            .map_err(|_| status_of(self.hub.stopped()))?
+            .map_err(status_of)?;
+        info!("spoke for cluster {} joined", issued.cluster);
+        Ok(Response::new(certificate_pb(issued)))
+    }
+
+    async fn renew(
+        &self,
+        req: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::SpokeCertificate>, Status> {
+        let peer = peer_fingerprint(&req);
+        let (reply, rx) = oneshot::channel();
+        self.hub
+            .send(Command::Renew {
+                peer,
+                csr_pem: req.into_inner().csr_pem,
+                reply,
+            })
+            .await
+            .map_err(status_of)?;
+        let issued = rx
+            .await
+            .map_err(|_| status_of(self.hub.stopped()))?
+            .map_err(status_of)?;
+        Ok(Response::new(certificate_pb(issued)))
+    }
+}
+
+/// The SHA-256 fingerprint of the certificate the peer connected with (mTLS).
+fn peer_fingerprint<T>(req: &Request<T>) -> Option<String> {
+    req.peer_certs()
+        .and_then(|certs| certs.first().map(|c| crate::spoke_ca::sha256_hex(c)))
+}
+
+fn certificate_pb(c: crate::hub::IssuedCert) -> pb::SpokeCertificate {
+    pb::SpokeCertificate {
+        cluster: c.cluster,
+        certificate_pem: c.certificate_pem,
+        ca_pem: c.ca_pem,
+        issued_at_ms: c.issued_at_ms,
+        not_after_ms: c.not_after_ms,
     }
 }
 
@@ -179,8 +248,14 @@ impl UserSvc {
             .and_then(|v| v.to_str().ok());
         let view = self.hub.read();
         let now = self.hub.now_ms();
-        let who = crate::auth::authenticate(self.hub.config.auth, &view.tokens, header, now)
-            .map_err(status_of)?;
+        let who = crate::auth::authenticate(
+            self.hub.config.auth,
+            &view.tokens,
+            self.hub.config.oidc.as_deref(),
+            header,
+            now,
+        )
+        .map_err(status_of)?;
         let admitted = self.hub.limiter.admit(&who.user, now).map_err(status_of)?;
         Ok((who, admitted))
     }

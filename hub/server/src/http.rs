@@ -19,6 +19,8 @@ use crate::hub::{Command, Hub, HubError, ListParams, ReadView};
 use crate::page_cache::{Body, Encoding, PageCache, Served};
 use crate::{logs, views};
 
+mod access;
+
 /// Largest accepted request body: a submit is a few KB; 1 MiB leaves room
 /// for long commands and environments while bounding memory per request.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
@@ -40,9 +42,23 @@ pub fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v1/events", get(events))
         .route("/api/v1/policy", get(policy))
         .route("/api/v1/hubs", get(hubs))
-        .route("/api/v1/tokens", get(list_tokens).post(create_token))
-        .route("/api/v1/tokens/{id}", axum::routing::delete(revoke_token))
-        .route("/api/v1/whoami", get(whoami))
+        .route(
+            "/api/v1/tokens",
+            get(access::list_tokens).post(access::create_token),
+        )
+        .route(
+            "/api/v1/tokens/{id}",
+            axum::routing::delete(access::revoke_token),
+        )
+        .route(
+            "/api/v1/clusters/{name}/join-tokens",
+            axum::routing::post(access::create_join_token),
+        )
+        .route(
+            "/api/v1/clusters/{name}/revoke",
+            axum::routing::post(access::revoke_cluster),
+        )
+        .route("/api/v1/whoami", get(access::whoami))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ready" }))
         .fallback(|| async {
@@ -83,6 +99,7 @@ fn allowed_methods(path: &str) -> &'static str {
         ["", "api", "v1", "workloads", _] => "GET, DELETE",
         ["", "api", "v1", "tokens"] => "GET, POST",
         ["", "api", "v1", "tokens", _] => "DELETE",
+        ["", "api", "v1", "clusters", _, "join-tokens" | "revoke"] => "POST",
         _ => "GET",
     }
 }
@@ -162,7 +179,7 @@ pub fn status_of(e: &HubError) -> StatusCode {
     }
 }
 
-fn err(e: HubError) -> Response {
+pub(crate) fn err(e: HubError) -> Response {
     let challenge = matches!(e, HubError::Unauthenticated(_));
     let retry = e.retry_after_s();
     let mut r = (status_of(&e), axum::Json(e.to_api())).into_response();
@@ -196,7 +213,13 @@ async fn authenticated(
         .and_then(|v| v.to_str().ok());
     let view = hub.read();
     let now = hub.now_ms();
-    let who = match auth::authenticate(hub.config.auth, &view.tokens, header, now) {
+    let who = match auth::authenticate(
+        hub.config.auth,
+        &view.tokens,
+        hub.config.oidc.as_deref(),
+        header,
+        now,
+    ) {
         Ok(who) => who,
         Err(e) => return err(e),
     };
@@ -209,125 +232,6 @@ async fn authenticated(
     next.run(req).await
 }
 
-/// `GET /api/v1/whoami`: the caller, and what they may do.
-async fn whoami(
-    State(hub): State<Arc<Hub>>,
-    axum::Extension(who): axum::Extension<Identity>,
-) -> Response {
-    let view = hub.read();
-    let policy = &view.policy;
-    let teams: std::collections::BTreeMap<&str, &str> = policy
-        .teams
-        .values()
-        .filter_map(|t| {
-            auth::role_in(policy, &who.user, &t.name).map(|r| (t.name.as_str(), auth::role_name(r)))
-        })
-        .collect();
-    json(
-        StatusCode::OK,
-        &serde_json::json!({
-            "user": who.user,
-            "authenticated_by": who.via,
-            "platform_admin": auth::is_platform_admin(policy, &who.user),
-            "teams": teams,
-        }),
-    )
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TokenRequest {
-    user: String,
-    /// Seconds the token is valid (default 90 days, at most 366).
-    #[serde(default)]
-    ttl_s: u64,
-}
-
-/// A token as `GET /api/v1/tokens` shows it: never its secret or digest.
-fn token_json(t: &auth::TokenRecord) -> serde_json::Value {
-    serde_json::json!({
-        "id": t.id,
-        "user": t.user,
-        "created_at_ms": t.created_at_ms,
-        "expires_at_ms": t.expires_at_ms,
-        "created_by": t.created_by,
-    })
-}
-
-/// `GET /api/v1/tokens` (platform admins): every token, without secrets.
-async fn list_tokens(
-    State(hub): State<Arc<Hub>>,
-    axum::Extension(who): axum::Extension<Identity>,
-) -> Response {
-    let read = hub.read();
-    if let Err(e) = auth::may(&read.policy, &who, "", Action::ManageTokens) {
-        return err(e);
-    }
-    let v: Vec<serde_json::Value> = read.tokens.values().map(token_json).collect();
-    json(StatusCode::OK, &v)
-}
-
-/// `DELETE /api/v1/tokens/{id}` (platform admins): the token is refused from now on.
-async fn revoke_token(
-    State(hub): State<Arc<Hub>>,
-    axum::Extension(who): axum::Extension<Identity>,
-    Path(id): Path<String>,
-) -> Response {
-    let (reply, rx) = oneshot::channel();
-    if let Err(e) = hub.send(Command::RevokeToken { id, by: who, reply }).await {
-        return err(e);
-    }
-    match rx.await {
-        Ok(Ok(t)) => json(StatusCode::OK, &token_json(&t)),
-        Ok(Err(e)) => err(e),
-        Err(_) => err(hub.stopped()),
-    }
-}
-
-/// `POST /api/v1/tokens` (platform admins): a new API token for a user,
-/// shown once.
-async fn create_token(
-    State(hub): State<Arc<Hub>>,
-    axum::Extension(who): axum::Extension<Identity>,
-    body: Bytes,
-) -> Response {
-    let req: TokenRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            return err(HubError::bad(
-                format!(
-                    "malformed token request: {e}; expected JSON like {{\"user\":\"alice\",\"ttl_s\":86400}}"
-                ),
-                None,
-            ));
-        }
-    };
-    let (reply, rx) = oneshot::channel();
-    let cmd = Command::CreateToken {
-        user: req.user,
-        ttl_ms: req.ttl_s.saturating_mul(1000),
-        by: who,
-        reply,
-    };
-    if let Err(e) = hub.send(cmd).await {
-        return err(e);
-    }
-    match rx.await {
-        Ok(Ok((record, token))) => json(
-            StatusCode::CREATED,
-            &serde_json::json!({
-                "id": record.id,
-                "user": record.user,
-                "token": token,
-                "expires_at_ms": record.expires_at_ms,
-            }),
-        ),
-        Ok(Err(e)) => err(e),
-        Err(_) => err(hub.stopped()),
-    }
-}
-
-/// An error of the HTTP layer itself (routing, limits), with its status.
 /// One hub on the embedded store: no replicas, it always leads. (Replicas on etcd
 /// answer this route themselves, see `ha/front.rs`.)
 async fn hubs() -> Response {
@@ -342,6 +246,7 @@ async fn hubs() -> Response {
     .into_response()
 }
 
+/// An error of the HTTP layer itself (routing, limits), with its status.
 fn http_err(code: StatusCode, msg: impl Into<String>) -> Response {
     (
         code,
@@ -353,7 +258,7 @@ fn http_err(code: StatusCode, msg: impl Into<String>) -> Response {
         .into_response()
 }
 
-fn json<T: serde::Serialize>(code: StatusCode, v: &T) -> Response {
+pub(crate) fn json<T: serde::Serialize>(code: StatusCode, v: &T) -> Response {
     (code, axum::Json(v)).into_response()
 }
 

@@ -38,13 +38,36 @@ struct Args {
     /// Policy repository (directory of YAML documents).
     #[arg(long, env = "AXLE_POLICY")]
     policy: Option<PathBuf>,
-    /// Shared secret spokes must present.
-    #[arg(long, env = "AXLE_SPOKE_TOKEN")]
+    /// Shared secret spokes must present, on a hub without TLS (--insecure-no-tls,
+    /// --dev); with TLS, spokes prove who they are with certificates instead.
+    #[arg(long, env = "AXLE_SPOKE_TOKEN", hide_env_values = true)]
     spoke_token: Option<String>,
-    /// PEM certificate (chain) the HTTP API and gRPC serve TLS with; clients then use
-    /// https:// URLs and trust its CA (`--ca-file`).
+    /// PEM certificate (chain) the HTTP API serves TLS with, e.g. from the company's CA;
+    /// without it HTTPS serves a certificate from the hub's spoke CA. Clients use
+    /// https:// URLs and trust the CA (`axle --ca-file`).
     #[arg(long, env = "AXLE_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
+    /// Serve plaintext HTTP and gRPC, with spokes admitted by --spoke-token: only for a
+    /// network that is already private end to end. Without it (and without --dev) the hub
+    /// serves TLS, and spokes join with certificates from its CA.
+    #[arg(long, env = "AXLE_INSECURE_NO_TLS", conflicts_with = "tls_cert")]
+    insecure_no_tls: bool,
+    /// PEM certificate of the CA that issues spoke certificates (with --spoke-ca-key);
+    /// without them the hub generates one at its first start and keeps it in its store.
+    #[arg(long, env = "AXLE_SPOKE_CA_CERT", requires = "spoke_ca_key")]
+    spoke_ca_cert: Option<PathBuf>,
+    /// PEM private key of --spoke-ca-cert.
+    #[arg(long, env = "AXLE_SPOKE_CA_KEY", requires = "spoke_ca_cert")]
+    spoke_ca_key: Option<PathBuf>,
+    /// A DNS name or IP address spokes and clients reach the hub by, for its serving
+    /// certificate (repeatable; localhost, 127.0.0.1, ::1, the host name and the
+    /// --advertise-* hosts are always in it).
+    #[arg(long = "tls-san", value_name = "NAME")]
+    tls_sans: Vec<String>,
+    /// How long a spoke certificate lives; spokes renew at two thirds of it.
+    #[arg(long, default_value_t = axle_hub::spoke_ca::DEFAULT_SPOKE_CERT_TTL_MS / 1000,
+          value_parser = clap::value_parser!(u64).range(60..=366 * 86_400))]
+    spoke_cert_ttl_s: u64,
     /// How user calls are authenticated: `tokens` (API tokens, `axle token create`) or
     /// `none` (every caller is a platform admin; only with loopback --http and --grpc).
     #[arg(long, value_enum, env = "AXLE_AUTH", default_value = "tokens")]
@@ -57,6 +80,28 @@ struct Args {
     /// The user --bootstrap-token-file authenticates (list them in Settings platformAdmins).
     #[arg(long, env = "AXLE_BOOTSTRAP_USER", requires = "bootstrap_token_file")]
     bootstrap_user: Option<String>,
+    /// Single sign-on: the OIDC issuer whose ID tokens the hub accepts besides API tokens
+    /// (their `iss`, exactly, e.g. https://sso.example.com).
+    #[arg(long, env = "AXLE_OIDC_ISSUER", requires_all = ["oidc_audience", "oidc_jwks"])]
+    oidc_issuer: Option<String>,
+    /// The audience ID tokens must name (`aud`): the client id Axle has at the provider.
+    #[arg(long, env = "AXLE_OIDC_AUDIENCE", requires = "oidc_issuer")]
+    oidc_audience: Option<String>,
+    /// The provider's signing keys: a JWKS file, or its https:// URL (re-read every 5
+    /// minutes).
+    #[arg(
+        long,
+        env = "AXLE_OIDC_JWKS",
+        requires = "oidc_issuer",
+        value_name = "FILE|URL"
+    )]
+    oidc_jwks: Option<String>,
+    /// The ID token claim that names the user (as the policy's team members do).
+    #[arg(long, env = "AXLE_OIDC_USER_CLAIM", default_value = axle_hub::oidc::DEFAULT_USER_CLAIM)]
+    oidc_user_claim: String,
+    /// The ID token claim listing the user's groups, which teams give roles (`groups:`).
+    #[arg(long, env = "AXLE_OIDC_GROUPS_CLAIM")]
+    oidc_groups_claim: Option<String>,
     /// User calls per second one user may make on average (beyond: 429 with Retry-After).
     #[arg(long, default_value_t = axle_hub::rate::DEFAULT_PER_USER_PER_S,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -301,9 +346,41 @@ async fn run(args: Args) -> anyhow::Result<()> {
         (None, true) => dev::temp_data_dir()?,
         (None, false) => anyhow::bail!("--data-dir DIR is required (or --dev for a temporary one)"),
     };
+    let plaintext = args.insecure_no_tls || (args.dev && args.tls_cert.is_none());
+    let loopback = args.http.ip().is_loopback() && args.grpc.ip().is_loopback();
+    if args.dev && !args.insecure_no_tls && args.tls_cert.is_none() {
+        if !loopback {
+            anyhow::bail!(
+                "--dev serves plaintext on loopback only (--http {} / --grpc {}); give \
+                 --tls-cert, or drop --dev to serve TLS with the hub's own CA",
+                args.http,
+                args.grpc
+            );
+        }
+        eprintln!(
+            "axle-hub --dev: PLAINTEXT HTTP and gRPC on loopback, spokes without certificates: \
+             for one machine only"
+        );
+    } else if args.insecure_no_tls {
+        eprintln!(
+            "axle-hub --insecure-no-tls: PLAINTEXT HTTP and gRPC; tokens and workloads cross \
+             the network in clear"
+        );
+    }
+    let spoke_mtls = if plaintext {
+        None
+    } else {
+        if args.spoke_token.is_some() {
+            eprintln!(
+                "axle-hub: --spoke-token is not used: with TLS, spokes prove who they are with \
+                 certificates (axle cluster join-token)"
+            );
+        }
+        Some(spoke_mtls(&args)?)
+    };
     // Spokes are trusted with the cluster they name: without a token, only
     // processes on this machine may be spokes.
-    if args.spoke_token.is_none() {
+    if spoke_mtls.is_none() && args.spoke_token.is_none() {
         if !args.grpc.ip().is_loopback() {
             anyhow::bail!(
                 "--grpc {} is not a loopback address, and spokes would connect without \
@@ -319,7 +396,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let auth_mode;
     let mut bootstrap = None;
-    let loopback = args.http.ip().is_loopback() && args.grpc.ip().is_loopback();
     match args.auth {
         AuthArg::None if !loopback => anyhow::bail!(
             "--auth none on --http {} / --grpc {}: without authentication the hub listens \
@@ -362,12 +438,32 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         bootstrap = Some(bootstrap_token(file, user)?);
     }
+    let oidc = match (&args.oidc_issuer, &args.oidc_audience, &args.oidc_jwks) {
+        (Some(issuer), Some(audience), Some(jwks)) => {
+            if auth_mode == axle_hub::auth::AuthMode::None {
+                anyhow::bail!("--oidc-issuer with --auth none: there is nothing to authenticate");
+            }
+            Some(
+                oidc(
+                    issuer,
+                    audience,
+                    jwks,
+                    &args.oidc_user_claim,
+                    args.oidc_groups_claim.as_deref(),
+                )
+                .await?,
+            )
+        }
+        _ => None,
+    };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(axle_hub::tls::ServerTls::from_files(cert, key)?),
         _ => None,
     };
     let mut listeners = server::Listeners::bind(args.http, args.grpc).await?;
     listeners.tls = tls;
+    listeners.spoke_mtls = spoke_mtls;
+    listeners.oidc = oidc;
     listeners.auth = auth_mode;
     listeners.bootstrap_token = bootstrap;
     listeners.rate_limits = axle_hub::rate::RateLimits {
@@ -446,6 +542,88 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .await
         }
     }
+}
+
+/// The single sign-on verifier of the `--oidc-*` flags, its keys loaded and
+/// refreshed every [`axle_hub::oidc::JWKS_REFRESH`].
+async fn oidc(
+    issuer: &str,
+    audience: &str,
+    jwks: &str,
+    user_claim: &str,
+    groups_claim: Option<&str>,
+) -> anyhow::Result<Arc<axle_hub::oidc::Oidc>> {
+    use axle_hub::oidc::{JwksSource, Oidc, OidcConfig};
+    let source = if jwks.starts_with("https://") {
+        JwksSource::Url(jwks.to_string())
+    } else if let Some(rest) = jwks.strip_prefix("http://") {
+        // Keys in clear could be swapped on the way: only from this machine.
+        let host = url_host(rest).unwrap_or_default();
+        if !(host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback()))
+        {
+            anyhow::bail!(
+                "--oidc-jwks {jwks}: fetch signing keys over https:// (http:// only from loopback)"
+            );
+        }
+        JwksSource::Url(jwks.to_string())
+    } else {
+        JwksSource::File(PathBuf::from(jwks))
+    };
+    let config = OidcConfig {
+        user_claim: user_claim.to_string(),
+        groups_claim: groups_claim.map(str::to_string),
+        ..OidcConfig::new(issuer, audience, source)
+    };
+    let oidc = Arc::new(
+        Oidc::load(config)
+            .await
+            .map_err(|e| anyhow::anyhow!("--oidc-jwks: {e}"))?,
+    );
+    oidc.spawn_refresh(axle_hub::oidc::JWKS_REFRESH);
+    eprintln!("axle-hub: single sign-on with ID tokens of {issuer} (audience {audience})");
+    Ok(oidc)
+}
+
+/// The host of a URL (`https://h:7071/x` → `h`), for the serving certificate.
+fn url_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next()?;
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next()?,
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    (!host.is_empty()).then(|| host.to_string())
+}
+
+/// Spoke identity by certificates, as the flags say.
+fn spoke_mtls(args: &Args) -> anyhow::Result<server::SpokeMtls> {
+    let ca = match (&args.spoke_ca_cert, &args.spoke_ca_key) {
+        (Some(cert), Some(key)) => server::CaSource::Given(Arc::new(
+            axle_hub::spoke_ca::SpokeCa::from_files(cert, key)?,
+        )),
+        _ => server::CaSource::Store,
+    };
+    let mut names = server::default_serving_names();
+    let advertised = [&args.replica.advertise_http, &args.replica.advertise_grpc];
+    let hosts = advertised.into_iter().flatten().filter_map(|u| url_host(u));
+    for bind in [args.http.ip(), args.grpc.ip()] {
+        if !bind.is_unspecified() && !names.contains(&bind.to_string()) {
+            names.push(bind.to_string());
+        }
+    }
+    for n in args.tls_sans.iter().cloned().chain(hosts) {
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    Ok(server::SpokeMtls {
+        ca,
+        names,
+        cert_ttl_ms: args.spoke_cert_ttl_s * 1000,
+    })
 }
 
 /// `axle-hub create-token`: a token record written into the store directly.

@@ -26,6 +26,20 @@ pub fn token_key(id: &str) -> String {
     format!("{TOKENS}{id}")
 }
 
+/// Join tokens of new spokes, by id (see `crate::spoke_ca`).
+pub const JOIN_TOKENS: &str = "join_tokens/";
+
+pub fn join_token_key(id: &str) -> String {
+    format!("{JOIN_TOKENS}{id}")
+}
+
+/// Certificates issued to spokes, by SHA-256 fingerprint.
+pub const SPOKE_CERTS: &str = "spoke_certs/";
+
+pub fn spoke_cert_key(fingerprint: &str) -> String {
+    format!("{SPOKE_CERTS}{fingerprint}")
+}
+
 /// The next workload id and event sequence. Retention deletes records, so
 /// the highest stored id says nothing about the ids already handed out:
 /// this record keeps ids and sequences from ever being reused.

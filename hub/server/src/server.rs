@@ -45,6 +45,105 @@ pub struct Listeners {
     pub bootstrap_token: Option<crate::auth::TokenRecord>,
     /// Per-user rate and calls in flight on the user APIs.
     pub rate_limits: crate::rate::RateLimits,
+    /// Spokes prove who they are with certificates from the hub's spoke CA;
+    /// gRPC serves a certificate from that CA (and so does HTTP, unless `tls`
+    /// gives one). `None`: spokes present the shared `--spoke-token`.
+    pub spoke_mtls: Option<SpokeMtls>,
+    /// Single sign-on: OIDC ID tokens accepted besides API tokens.
+    pub oidc: Option<Arc<crate::oidc::Oidc>>,
+}
+
+/// Spoke identity by mTLS (see [`crate::spoke_ca`]).
+#[derive(Debug, Clone)]
+pub struct SpokeMtls {
+    pub ca: CaSource,
+    /// DNS names and IP addresses of the hub's serving certificate.
+    pub names: Vec<String>,
+    /// How long a spoke certificate lives.
+    pub cert_ttl_ms: u64,
+}
+
+/// Where the spoke CA comes from.
+#[derive(Debug, Clone)]
+pub enum CaSource {
+    /// Generated at the first start and kept in the store.
+    Store,
+    /// Given (`--spoke-ca-cert`, `--spoke-ca-key`).
+    Given(Arc<crate::spoke_ca::SpokeCa>),
+}
+
+/// The names a serving certificate carries besides `--tls-san`: this host.
+pub fn default_serving_names() -> Vec<String> {
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+    if let Ok(h) = rustix::system::uname().nodename().to_str()
+        && !h.is_empty()
+        && !names.iter().any(|n| n == h)
+    {
+        names.push(h.to_string());
+    }
+    names
+}
+
+/// The TLS the listeners serve, once the spoke CA is known.
+pub(crate) struct Secured {
+    pub http: Option<crate::tls::ServerTls>,
+    pub grpc: Option<tonic::transport::ServerTlsConfig>,
+    pub ca: Option<Arc<crate::spoke_ca::SpokeCa>>,
+    pub cert_ttl_ms: u64,
+}
+
+/// Where the spoke CA's certificate is written in the data dir, for clients
+/// of a hub whose HTTPS certificate it issued (`axle --ca-file`).
+pub const CA_CERT_FILE: &str = "spoke-ca.pem";
+
+/// Resolves the spoke CA (from the store when it keeps it) and the serving
+/// certificates of both listeners.
+pub(crate) async fn secure(
+    listeners: &Listeners,
+    store: &dyn crate::store::Store,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<Secured> {
+    let Some(m) = &listeners.spoke_mtls else {
+        return Ok(Secured {
+            http: listeners.tls.clone(),
+            grpc: listeners.tls.as_ref().map(|t| t.grpc()),
+            ca: None,
+            cert_ttl_ms: 0,
+        });
+    };
+    let ca = match &m.ca {
+        CaSource::Given(ca) => ca.clone(),
+        CaSource::Store => Arc::new(crate::spoke_ca::SpokeCa::load_or_create(store).await?),
+    };
+    let (chain, key) = ca.serving_cert(&m.names)?;
+    let grpc = tonic::transport::ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(&chain, &key))
+        .client_ca_root(tonic::transport::Certificate::from_pem(ca.cert_pem()))
+        .client_auth_optional(true);
+    let http = match &listeners.tls {
+        Some(t) => t.clone(),
+        None => crate::tls::ServerTls::from_pem(chain.into_bytes(), key.into_bytes())?,
+    };
+    let ca_file = data_dir.join(CA_CERT_FILE);
+    if let Err(e) = std::fs::write(&ca_file, ca.cert_pem()) {
+        tracing::warn!("cannot write {}: {e}", ca_file.display());
+    }
+    info!(
+        "spokes join with a certificate from the spoke CA (SHA-256 {}); its certificate is in {}{}",
+        ca.pin(),
+        ca_file.display(),
+        if listeners.tls.is_none() {
+            " (HTTPS serves a certificate it issued: clients trust it with axle --ca-file)"
+        } else {
+            ""
+        }
+    );
+    Ok(Secured {
+        http: Some(http),
+        grpc: Some(grpc),
+        ca: Some(ca),
+        cert_ttl_ms: m.cert_ttl_ms,
+    })
 }
 
 impl Listeners {
@@ -61,24 +160,28 @@ impl Listeners {
             auth: crate::auth::AuthMode::None,
             bootstrap_token: None,
             rate_limits: Default::default(),
+            spoke_mtls: None,
+            oidc: None,
         })
     }
 
     /// The URL scheme clients use: `https` with TLS.
     pub fn scheme(&self) -> &'static str {
-        if self.tls.is_some() { "https" } else { "http" }
+        if self.tls.is_some() || self.spoke_mtls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
     }
 }
 
 /// The gRPC server with the hub's keepalive and stream limits, and TLS when given.
 pub(crate) fn grpc_server(
-    tls: Option<&crate::tls::ServerTls>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
 ) -> anyhow::Result<tonic::transport::Server> {
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = tls {
-        server = server
-            .tls_config(tls.grpc())
-            .context("TLS for gRPC (--tls-cert, --tls-key)")?;
+        server = server.tls_config(tls).context("TLS for gRPC")?;
     }
     Ok(server
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
@@ -136,6 +239,7 @@ pub async fn run_on(
         .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
     let store = RedbStore::open(&store_path)
         .with_context(|| format!("cannot open the store {}", store_path.display()))?;
+    let secured = secure(&listeners, store.as_ref(), &data_dir).await?;
     let log_limits = crate::logs::LogLimits::within(policy.settings.max_log_bytes_per_workload);
     let (hub, mut tasks) = Hub::start(
         store,
@@ -149,6 +253,9 @@ pub async fn run_on(
             auth: listeners.auth,
             bootstrap_token: listeners.bootstrap_token.clone(),
             rate_limits: listeners.rate_limits,
+            spoke_ca: secured.ca.clone(),
+            spoke_cert_ttl_ms: secured.cert_ttl_ms,
+            oidc: listeners.oidc.clone(),
         },
     )
     .await?;
@@ -172,12 +279,12 @@ pub async fn run_on(
         listeners.http,
         app,
         listeners.http_limits,
-        listeners.tls.as_ref(),
+        secured.http.as_ref(),
         async move {
             let _ = http_stop.wait_for(|s| *s).await;
         },
     );
-    let grpc = grpc_server(listeners.tls.as_ref())?
+    let grpc = grpc_server(secured.grpc)?
         .add_service(spoke_service(hub.clone()))
         .add_service(user_service(hub))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), async move {

@@ -106,7 +106,7 @@ async fn a_replica_leads_on_a_tls_etcd_from_its_flags() {
     let hub = |with_cert: bool| {
         let (http, grpc) = (common::free_port(), common::free_port());
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_axle-hub"));
-        cmd.args(["--store", &store, "--etcd-ca"])
+        cmd.args(["--store", &store, "--insecure-no-tls", "--etcd-ca"])
             .arg(&tls.ca)
             .args(["--http", &format!("127.0.0.1:{http}")])
             .args(["--grpc", &format!("127.0.0.1:{grpc}")])

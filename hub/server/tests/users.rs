@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use axle_hub::auth::{AuthMode, TokenRecord};
 use axle_proto::pb;
+use common::{call, call_full};
 use serde_json::{Value, json};
 
 const POLICY: &str = r#"
@@ -71,59 +72,6 @@ async fn hub() -> (common::TestHub, String) {
     })
     .await;
     (hub, token)
-}
-
-/// One HTTP call: status and JSON body (null when not JSON).
-async fn call(
-    hub: &common::TestHub,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let (status, _, body) = call_full(hub, method, path, token, body).await;
-    (status, body)
-}
-
-/// [`call`], with the response's head (status line and headers, lowercase).
-async fn call_full(
-    hub: &common::TestHub,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, String, Value) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = None;
-    for _ in 0..100 {
-        if let Ok(c) = tokio::net::TcpStream::connect(hub.http).await {
-            s = Some(c);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let mut s = s.expect("hub up");
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n{auth}\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    (
-        status,
-        head.to_ascii_lowercase(),
-        serde_json::from_str(body).unwrap_or(Value::Null),
-    )
 }
 
 /// A token for `user`, minted by root.

@@ -100,6 +100,7 @@ pub fn complete_policy(policy: &Policy, jobs: &[SimJob], capacity: Milli) -> (Po
                 )]),
                 weight: 1.0,
                 members: Vec::new(),
+                groups: Vec::new(),
                 burst: TeamBurst::default(),
             },
         );
@@ -135,6 +136,7 @@ pub(crate) fn one_queue_policy(policy: &Policy, capacity: Milli) -> Policy {
             )]),
             weight: 1.0,
             members: Vec::new(),
+            groups: Vec::new(),
             burst: TeamBurst::default(),
         },
     )]);

@@ -62,6 +62,24 @@ type HubStream = Pin<Box<dyn Stream<Item = Result<pb::HubMessage, Status>> + Sen
 impl SpokeService for Svc {
     type SessionStream = HubStream;
 
+    async fn join(
+        &self,
+        _: Request<pb::JoinRequest>,
+    ) -> Result<Response<pb::SpokeCertificate>, Status> {
+        Err(Status::unimplemented(
+            "this test hub admits spokes by token",
+        ))
+    }
+
+    async fn renew(
+        &self,
+        _: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::SpokeCertificate>, Status> {
+        Err(Status::unimplemented(
+            "this test hub admits spokes by token",
+        ))
+    }
+
     async fn session(
         &self,
         request: Request<Streaming<pb::SpokeMessage>>,
@@ -357,6 +375,7 @@ pub fn start_spoke(hub: &TestHub) -> Spoke {
         data_dir: data_dir.path().to_path_buf(),
         token: Some("s3cret".into()),
         hub_ca_pem: None,
+        join_token: None,
         driver: Default::default(),
     };
     let (tx, rx) = oneshot::channel::<()>();

@@ -131,6 +131,7 @@ impl PolicyBuilder {
                 quotas,
                 weight,
                 members: Vec::new(),
+                groups: Vec::new(),
                 burst: TeamBurst::default(),
             },
         );

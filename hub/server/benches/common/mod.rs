@@ -148,6 +148,9 @@ pub async fn start(dir: &std::path::Path) -> (Arc<Hub>, axle_hub::hub::HubTasks,
             auth: axle_hub::auth::AuthMode::None,
             bootstrap_token: None,
             rate_limits: Default::default(),
+            spoke_ca: None,
+            spoke_cert_ttl_ms: 0,
+            oidc: None,
         },
     )
     .await

@@ -63,6 +63,16 @@ pub async fn run(
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
     let store = Arc::new(store);
+    // The spoke CA is shared by every replica: the first to start writes it.
+    let secured = loop {
+        match server::secure(&listeners, store.as_ref(), &data_dir).await {
+            Ok(s) => break s,
+            Err(e) => {
+                warn!("cannot set up TLS yet: {e:#}; retrying");
+                tokio::time::sleep(RETRY_DELAY).await;
+            }
+        }
+    };
     let clock = Clock::system();
     let me = ReplicaInfo {
         id: ha.replica_id.clone(),
@@ -96,6 +106,9 @@ pub async fn run(
             auth: listeners.auth,
             bootstrap_token: listeners.bootstrap_token.clone(),
             rate_limits: listeners.rate_limits,
+            spoke_ca: secured.ca.clone(),
+            spoke_cert_ttl_ms: secured.cert_ttl_ms,
+            oidc: listeners.oidc.clone(),
         },
         policy,
         ha,
@@ -128,12 +141,12 @@ pub async fn run(
         listeners.http,
         app,
         listeners.http_limits,
-        listeners.tls.as_ref(),
+        secured.http.as_ref(),
         async move {
             let _ = http_stop.wait_for(|s| *s).await;
         },
     );
-    let grpc = server::grpc_server(listeners.tls.as_ref())?
+    let grpc = server::grpc_server(secured.grpc)?
         .add_service(GrpcSwitch::new(role.clone(), front::spoke_of))
         .add_service(GrpcSwitch::new(role.clone(), front::user_of))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), async move {

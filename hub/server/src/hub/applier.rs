@@ -43,8 +43,37 @@ pub enum Command {
         by: crate::auth::Identity,
         reply: Reply<crate::auth::TokenRecord>,
     },
+    /// A platform admin mints a join token for `cluster`, valid `ttl_ms`
+    /// (0: the default); answered with the record and the token, shown once.
+    CreateJoinToken {
+        cluster: String,
+        ttl_ms: u64,
+        by: crate::auth::Identity,
+        reply: Reply<(crate::spoke_ca::JoinTokenRecord, String)>,
+    },
+    /// A new spoke presents a join token and a CSR.
+    Join {
+        token: String,
+        cluster: String,
+        csr_pem: String,
+        reply: Reply<super::identity::IssuedCert>,
+    },
+    /// A joined spoke (`peer`: its certificate's fingerprint) asks for a new certificate.
+    Renew {
+        peer: Option<String>,
+        csr_pem: String,
+        reply: Reply<super::identity::IssuedCert>,
+    },
+    /// A platform admin cuts a cluster's spoke off.
+    RevokeCluster {
+        cluster: String,
+        by: crate::auth::Identity,
+        reply: Reply<super::identity::Revoked>,
+    },
     Register {
         register: pb::Register,
+        /// The fingerprint of the certificate the spoke connected with (mTLS).
+        peer: Option<String>,
         conn: u64,
         tx: SpokeTx,
         reply: Reply<()>,
@@ -265,8 +294,49 @@ impl Inner {
                     let _ = reply.send(res);
                 });
             }
+            Command::CreateJoinToken {
+                cluster,
+                ttl_ms,
+                by,
+                reply,
+            } => {
+                let res = self.as_actor(by, |inner| {
+                    inner.create_join_token(cfg, cluster, ttl_ms, fx, now)
+                });
+                fx.after(move || {
+                    let _ = reply.send(res);
+                });
+            }
+            Command::Join {
+                token,
+                cluster,
+                csr_pem,
+                reply,
+            } => {
+                let res = self.join(cfg, &token, &cluster, &csr_pem, fx, now);
+                fx.after(move || {
+                    let _ = reply.send(res);
+                });
+            }
+            Command::Renew {
+                peer,
+                csr_pem,
+                reply,
+            } => {
+                let res = self.renew(cfg, peer.as_deref(), &csr_pem, fx, now);
+                fx.after(move || {
+                    let _ = reply.send(res);
+                });
+            }
+            Command::RevokeCluster { cluster, by, reply } => {
+                let res = self.as_actor(by, |inner| inner.revoke_cluster(&cluster, fx, now));
+                fx.after(move || {
+                    let _ = reply.send(res);
+                });
+            }
             Command::Register {
                 register,
+                peer,
                 conn,
                 tx,
                 reply,
@@ -274,7 +344,7 @@ impl Inner {
                 // Answered after the batch's commit, like every other
                 // command: the session opens only once its registration
                 // is durable.
-                let res = self.register(cfg, register, conn, tx, fx, now);
+                let res = self.register(cfg, register, peer.as_deref(), conn, tx, fx, now);
                 fx.after(move || {
                     let _ = reply.send(res);
                 });

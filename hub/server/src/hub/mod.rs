@@ -18,6 +18,7 @@
 //! - `read.rs` — the read snapshot and every query on it;
 //! - `retention.rs` — deleting finished workloads and old events;
 //! - `tokens.rs` — minting API tokens (`crate::auth` checks them);
+//! - `identity.rs` — spoke join tokens and certificates (`crate::spoke_ca` issues them);
 //! - `tasks.rs` — the supervised tasks; `clock.rs`, `error.rs`, `limits.rs`.
 //!
 //! Nothing here knows HTTP or gRPC: errors are [`HubError`]s mapped at the
@@ -26,6 +27,7 @@
 mod applier;
 mod clock;
 mod error;
+mod identity;
 mod inventory;
 mod limits;
 mod messages;
@@ -60,6 +62,7 @@ use crate::store::Store;
 pub use applier::{Command, Reply, SubmitReply};
 pub use clock::Clock;
 pub use error::HubError;
+pub use identity::{IssuedCert, Revoked, invalid_join_token};
 pub use limits::*;
 pub use read::{ListParams, Page, PageItem, ReadView};
 pub use retention::Retention;
@@ -88,6 +91,13 @@ pub struct HubConfig {
     pub bootstrap_token: Option<crate::auth::TokenRecord>,
     /// How much each user, and everyone together, may ask.
     pub rate_limits: crate::rate::RateLimits,
+    /// The CA that issues spoke certificates: with it, spokes register with a
+    /// certificate it issued (mTLS), and `spoke_token` is not used.
+    pub spoke_ca: Option<Arc<crate::spoke_ca::SpokeCa>>,
+    /// How long a spoke certificate lives.
+    pub spoke_cert_ttl_ms: u64,
+    /// Single sign-on: OIDC ID tokens accepted besides API tokens.
+    pub oidc: Option<Arc<crate::oidc::Oidc>>,
 }
 
 /// What the hub does when a commit fails: memory is then ahead of the
@@ -133,6 +143,10 @@ pub struct Inner {
     saved_counters: (u64, u64),
     /// API tokens by id (copied on write: readers share it).
     tokens: Arc<BTreeMap<String, crate::auth::TokenRecord>>,
+    /// Join tokens of new spokes by id.
+    join_tokens: Arc<BTreeMap<String, crate::spoke_ca::JoinTokenRecord>>,
+    /// Certificates issued to spokes by fingerprint.
+    spoke_certs: Arc<BTreeMap<String, crate::spoke_ca::SpokeCertRecord>>,
     /// The caller of the command being applied, for its events.
     actor: Option<crate::auth::Identity>,
 }

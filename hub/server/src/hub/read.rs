@@ -56,6 +56,9 @@ pub struct ReadView {
     pub events: imbl::Vector<Arc<EventRecord>>,
     /// API tokens by id, to authenticate calls without the applier.
     pub tokens: Arc<BTreeMap<String, crate::auth::TokenRecord>>,
+    /// Join tokens and spoke certificates, for `GET /api/v1/clusters/identity`.
+    pub join_tokens: Arc<BTreeMap<String, crate::spoke_ca::JoinTokenRecord>>,
+    pub spoke_certs: Arc<BTreeMap<String, crate::spoke_ca::SpokeCertRecord>>,
 }
 
 /// One page of a workload list, unconverted.
@@ -151,6 +154,8 @@ impl Inner {
             teams: Arc::new(self.state.team_usage()),
             events: self.events.clone(),
             tokens: self.tokens.clone(),
+            join_tokens: self.join_tokens.clone(),
+            spoke_certs: self.spoke_certs.clone(),
         }
     }
 

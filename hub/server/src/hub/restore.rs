@@ -90,6 +90,18 @@ pub(super) async fn load(
             .map_err(|e| anyhow::anyhow!("corrupt record {}: {e}", kv.key))?;
         tokens.insert(t.id.clone(), t);
     }
+    let mut join_tokens = BTreeMap::new();
+    for kv in store.range(JOIN_TOKENS).await? {
+        let t: crate::spoke_ca::JoinTokenRecord = serde_json::from_slice(&kv.value)
+            .map_err(|e| anyhow::anyhow!("corrupt record {}: {e}", kv.key))?;
+        join_tokens.insert(t.id.clone(), t);
+    }
+    let mut spoke_certs = BTreeMap::new();
+    for kv in store.range(SPOKE_CERTS).await? {
+        let c: crate::spoke_ca::SpokeCertRecord = serde_json::from_slice(&kv.value)
+            .map_err(|e| anyhow::anyhow!("corrupt record {}: {e}", kv.key))?;
+        spoke_certs.insert(c.fingerprint.clone(), c);
+    }
     let state = State::new(policy.clone(), &Inventory::default());
     Ok(Inner {
         policy,
@@ -111,6 +123,8 @@ pub(super) async fn load(
         oldest_event_at_ms,
         saved_counters: (0, 0),
         tokens: Arc::new(tokens),
+        join_tokens: Arc::new(join_tokens),
+        spoke_certs: Arc::new(spoke_certs),
         actor: None,
     })
 }

@@ -245,16 +245,20 @@ impl Inner {
             .is_some_and(|(id, _)| id == conn)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn register(
         &mut self,
         cfg: &HubConfig,
         r: pb::Register,
+        peer: Option<&str>,
         conn: u64,
         tx: SpokeTx,
         fx: &mut Effects,
         now: u64,
     ) -> Result<(), HubError> {
-        if let Some(token) = &cfg.spoke_token
+        if cfg.spoke_ca.is_some() {
+            self.check_spoke_cert(peer, Some(&r.cluster), now)?;
+        } else if let Some(token) = &cfg.spoke_token
             && r.token != *token
         {
             warn!("spoke for cluster {:?} presented a wrong token", r.cluster);

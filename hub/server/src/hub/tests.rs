@@ -62,6 +62,9 @@ async fn start_hub(clock: Clock) -> (Arc<Hub>, HubTasks, tempfile::TempDir) {
             auth: crate::auth::AuthMode::None,
             bootstrap_token: None,
             rate_limits: Default::default(),
+            spoke_ca: None,
+            spoke_cert_ttl_ms: 0,
+            oidc: None,
         },
     )
     .await
@@ -95,6 +98,9 @@ impl Core {
             auth: crate::auth::AuthMode::None,
             bootstrap_token: None,
             rate_limits: Default::default(),
+            spoke_ca: None,
+            spoke_cert_ttl_ms: 0,
+            oidc: None,
         };
         let mut core = Core {
             inner,
@@ -189,6 +195,7 @@ impl Core {
             .apply(
                 Command::Register {
                     register,
+                    peer: None,
                     conn,
                     tx,
                     reply,
@@ -527,6 +534,7 @@ async fn hub_time_is_tokios_so_spoke_loss_needs_no_real_waiting() {
     let (tx, _rx) = mpsc::channel(64);
     let (reply, answer) = oneshot::channel();
     hub.send(Command::Register {
+        peer: None,
         register: pb::Register {
             cluster: "c1".into(),
             nodes: vec![pb::Node {

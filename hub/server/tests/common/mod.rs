@@ -44,6 +44,10 @@ pub struct Options {
     pub bootstrap_token: Option<axle_hub::auth::TokenRecord>,
     /// Per-user rate and calls in flight (default: the hub's defaults).
     pub rate_limits: Option<axle_hub::rate::RateLimits>,
+    /// Spokes join with certificates from a spoke CA.
+    pub spoke_mtls: Option<axle_hub::server::SpokeMtls>,
+    /// Single sign-on with ID tokens.
+    pub oidc: Option<std::sync::Arc<axle_hub::oidc::Oidc>>,
 }
 
 pub async fn start_hub(o: Options) -> TestHub {
@@ -62,6 +66,8 @@ pub async fn start_hub(o: Options) -> TestHub {
         listeners.auth = auth;
     }
     listeners.bootstrap_token = o.bootstrap_token;
+    listeners.spoke_mtls = o.spoke_mtls;
+    listeners.oidc = o.oidc;
     if let Some(r) = o.rate_limits {
         listeners.rate_limits = r;
     }
@@ -335,4 +341,57 @@ pub async fn http_get(base: &str, path: &str) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).await.expect("read");
     out
+}
+
+/// One HTTP call: status and JSON body (null when not JSON).
+pub async fn call(
+    hub: &TestHub,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let (status, _, body) = call_full(hub, method, path, token, body).await;
+    (status, body)
+}
+
+/// [`call`], with the response's head (status line and headers, lowercase).
+pub async fn call_full(
+    hub: &TestHub,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> (u16, String, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = None;
+    for _ in 0..100 {
+        if let Ok(c) = tokio::net::TcpStream::connect(hub.http).await {
+            s = Some(c);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let mut s = s.expect("hub up");
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n{auth}\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (
+        status,
+        head.to_ascii_lowercase(),
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
 }
