@@ -689,7 +689,7 @@ pub(crate) mod tests {
             ],
             pending: 3,
             running: 9,
-            burst_budget_usd_per_month: 0.0,
+            burst_budget_micro_usd: 0,
         };
         let empty = TeamView {
             name: "nlp".into(),
@@ -697,7 +697,7 @@ pub(crate) mod tests {
             quotas: vec![],
             pending: 0,
             running: 0,
-            burst_budget_usd_per_month: 0.0,
+            burst_budget_micro_usd: 0,
         };
         let out = teams_table(&[t, empty]);
         assert_eq!(

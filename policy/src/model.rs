@@ -4,6 +4,7 @@
 //! validation (see `load.rs`), names are resolved and quantities are exact
 //! fixed-point numbers. File types with source spans live in `file.rs`.
 
+use crate::money::Usd;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -181,7 +182,8 @@ pub struct GroupMember {
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct TeamBurst {
-    pub budget_usd_per_month: f64,
+    /// Cloud spend allowed per calendar month (UTC); zero: no bursting.
+    pub monthly_budget: Usd,
     /// Names of `BurstProvider` documents this team may burst to.
     pub providers: Vec<String>,
     /// Regions the team's data may go to; empty means any region of the providers.
@@ -238,7 +240,7 @@ pub struct Cluster {
     pub business_unit: String,
     pub labels: BTreeMap<String, String>,
     /// Internal chargeback price.
-    pub price_usd_per_gpu_hour: f64,
+    pub price_per_gpu_hour: Usd,
     /// Declared capacity for planning and simulation, and the most a spoke may report:
     /// the live inventory is used, within these models and counts (none: any).
     pub nodes: Vec<NodeGroup>,

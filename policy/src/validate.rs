@@ -2,6 +2,7 @@
 //! (names, references, quantities, GPU classes, capacity) and builds the
 //! [`Policy`] model. All checks run; every problem is reported.
 
+use crate::money::Usd;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::document::{Doc, Docs};
@@ -90,18 +91,19 @@ fn gpus<S>(
 }
 
 /// A finite, non-negative amount of money.
-fn usd<S>(rep: &mut Reporter<'_>, doc: &Doc<S>, loc: &Loc<f64>, path: &str) -> f64 {
-    let v = loc.value;
-    if !v.is_finite() || v < 0.0 {
-        rep.error(
-            doc.at(loc),
-            doc.path(path),
-            format!("{path} must be a finite, non-negative amount, not {v}"),
-            "write a plain number of US dollars such as 5000 or 2.1",
-        );
-        0.0
-    } else {
-        v
+/// An amount of dollars, exact (see [`crate::money`]); an error names the field.
+fn usd<S>(rep: &mut Reporter<'_>, doc: &Doc<S>, loc: &Loc<f64>, path: &str) -> Usd {
+    match Usd::from_number(loc.value) {
+        Ok(v) => v,
+        Err(e) => {
+            rep.error(
+                doc.at(loc),
+                doc.path(path),
+                format!("{path} must be an amount of dollars: {e}"),
+                "write a plain number of US dollars such as 5000 or 2.75",
+            );
+            Usd::ZERO
+        }
     }
 }
 
@@ -510,7 +512,7 @@ fn clusters(
         let price = s
             .price_usd_per_gpu_hour
             .as_ref()
-            .map_or(0.0, |p| usd(rep, doc, p, "priceUsdPerGpuHour"));
+            .map_or(Usd::ZERO, |p| usd(rep, doc, p, "priceUsdPerGpuHour"));
         let mut nodes = Vec::new();
         for (i, g) in s.nodes.iter().enumerate() {
             let at = |f: &str| format!("nodes[{i}].{f}");
@@ -565,7 +567,7 @@ fn clusters(
                 region: s.region.value.clone(),
                 business_unit: s.business_unit.clone().unwrap_or_default(),
                 labels: s.labels.clone(),
-                price_usd_per_gpu_hour: price,
+                price_per_gpu_hour: price,
                 nodes,
                 default_image,
             },
@@ -739,7 +741,7 @@ fn team_burst(
     let budget = b
         .budget_usd_per_month
         .as_ref()
-        .map_or(0.0, |v| usd(rep, doc, v, "burst.budgetUsdPerMonth"));
+        .map_or(Usd::ZERO, |v| usd(rep, doc, v, "burst.budgetUsdPerMonth"));
     let mut allowed = Vec::new();
     for (i, p) in b.providers.iter().enumerate() {
         match providers.get(&p.value) {
@@ -761,7 +763,7 @@ fn team_burst(
         }
     }
     if let Some(v) = &b.budget_usd_per_month
-        && budget > 0.0
+        && !budget.is_zero()
         && b.providers.is_empty()
     {
         rep.warning(
@@ -798,7 +800,7 @@ fn team_burst(
         }
     }
     TeamBurst {
-        budget_usd_per_month: budget,
+        monthly_budget: budget,
         providers: b.providers.iter().map(|p| p.value.clone()).collect(),
         regions: b.regions.iter().map(|r| r.value.clone()).collect(),
     }

@@ -358,7 +358,7 @@ fn negative_and_non_finite_numbers() {
     at(
         find(
             &f.errors,
-            "budgetUsdPerMonth must be a finite, non-negative amount, not -5",
+            "budgetUsdPerMonth must be an amount of dollars: -5 is negative",
         ),
         "teams/b.yaml",
         11,
@@ -842,4 +842,28 @@ fn retention_and_log_limits_are_checked() {
     assert_eq!(defaults.retain_finished_ms, 168 * 3_600_000);
     assert_eq!(defaults.retain_events_ms, 90 * 86_400_000);
     assert_eq!(defaults.max_log_bytes_per_workload, 64 << 20);
+}
+
+#[test]
+fn money_is_read_as_the_decimal_written_and_sub_micro_amounts_are_refused() {
+    // Observed: money was an f64 everywhere, so a budget check could round.
+    let ok = axle_policy::load_sources(&[(
+        "p.yaml".to_string(),
+        "apiVersion: axle.dev/v1\nkind: Cluster\nmetadata: {name: c1}\nspec:\n  region: eu\n  priceUsdPerGpuHour: 2.75\n".to_string(),
+    )])
+    .expect("policy");
+    assert_eq!(
+        ok.policy.clusters["c1"].price_per_gpu_hour,
+        axle_policy::Usd::from_cents(275)
+    );
+    let f = fail(&policy(&[(
+        "p.yaml",
+        "apiVersion: axle.dev/v1\nkind: Cluster\nmetadata: {name: c9}\nspec:\n  region: eu\n  priceUsdPerGpuHour: 0.0000001\n",
+    )]));
+    assert!(
+        f.errors
+            .iter()
+            .any(|e| e.message.contains("more than six decimal places")),
+        "{f}"
+    );
 }

@@ -25,7 +25,10 @@ fn example_policy_loads_without_errors_or_warnings() {
     assert_eq!(vision.quotas["H100"].guaranteed, Milli::gpus(8));
     assert_eq!(vision.quotas["H100"].limit, Milli::gpus(16));
     assert_eq!(vision.weight, 2.0);
-    assert_eq!(vision.burst.budget_usd_per_month, 5000.0);
+    assert_eq!(
+        vision.burst.monthly_budget,
+        axle_policy::Usd::from_dollars(5000)
+    );
     assert_eq!(vision.members[0].role, Role::Admin);
     assert_eq!(p.teams["research"].quotas["any"].guaranteed, Milli(500));
 

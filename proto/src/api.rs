@@ -214,7 +214,8 @@ pub struct TeamView {
     pub quotas: Vec<QuotaView>,
     pub pending: u64,
     pub running: u64,
-    pub burst_budget_usd_per_month: f64,
+    /// The team's monthly cloud budget, in micro-dollars (exact).
+    pub burst_budget_micro_usd: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

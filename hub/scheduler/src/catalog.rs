@@ -19,7 +19,7 @@ pub(crate) struct TeamInfo {
     /// Slot index charged for each GPU model index; `None`: no quota.
     pub charge: Vec<Option<u16>>,
     pub burst_providers: Vec<String>,
-    pub burst_budget_usd_per_month: f64,
+    pub burst_budget_per_month: axle_policy::Usd,
 }
 
 #[derive(Debug, Clone)]
@@ -107,7 +107,7 @@ impl Catalog {
                 slots,
                 charge,
                 burst_providers: t.burst.providers.clone(),
-                burst_budget_usd_per_month: t.burst.budget_usd_per_month,
+                burst_budget_per_month: t.burst.monthly_budget,
             });
             team_index.insert(name.clone(), i as u32);
         }

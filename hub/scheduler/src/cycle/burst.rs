@@ -24,11 +24,11 @@ pub(super) fn maybe_burst(
     if waited_ms < state.cat.policy.settings.burst_wait_threshold_s * 1000 {
         return;
     }
-    let headroom = match &opts.burst_headroom_usd {
-        Some(m) => m.get(&info.name).copied().unwrap_or(0.0),
-        None => info.burst_budget_usd_per_month,
+    let headroom = match &opts.burst_headroom {
+        Some(m) => m.get(&info.name).copied().unwrap_or_default(),
+        None => info.burst_budget_per_month,
     };
-    if headroom <= 0.0 {
+    if headroom.is_zero() {
         return;
     }
     out.burst_wanted.push(BurstWanted {
@@ -56,7 +56,7 @@ mod tests {
         let mut p = (*policy(&[("a", &[("H100", 0.0, 8.0)])], BorrowedOnly)).clone();
         let team = p.teams.get_mut("a").unwrap();
         team.burst.providers = vec!["aws".into()];
-        team.burst.budget_usd_per_month = 100.0;
+        team.burst.monthly_budget = axle_policy::Usd::from_dollars(100);
         let s = State::new(std::sync::Arc::new(p), &inventory(&[("H100", 1)]));
         let mut spec = req(1, "a", "training", 1.0);
         spec.burst_allowed = true;
@@ -70,7 +70,7 @@ mod tests {
         assert_eq!(wants(threshold_ms - 1, &opts), 0, "not waited long enough");
         assert_eq!(wants(threshold_ms, &opts), 1);
         let spent = CycleOptions {
-            burst_headroom_usd: Some(BTreeMap::from([("a".to_string(), 0.0)])),
+            burst_headroom: Some(BTreeMap::from([("a".to_string(), axle_policy::Usd::ZERO)])),
             ..CycleOptions::default()
         };
         assert_eq!(wants(threshold_ms, &spent), 0, "no budget left");

@@ -59,7 +59,7 @@ pub struct CycleOptions {
     pub max_preemption_searches: usize,
     /// Remaining burst budget per team this month; `None` uses the policy's
     /// monthly budget (nothing spent).
-    pub burst_headroom_usd: Option<BTreeMap<String, f64>>,
+    pub burst_headroom: Option<BTreeMap<String, axle_policy::Usd>>,
 }
 
 impl Default for CycleOptions {
@@ -67,7 +67,7 @@ impl Default for CycleOptions {
         CycleOptions {
             explain: true,
             max_preemption_searches: MAX_PREEMPTION_SEARCHES_PER_CYCLE,
-            burst_headroom_usd: None,
+            burst_headroom: None,
         }
     }
 }

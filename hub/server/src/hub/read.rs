@@ -408,9 +408,7 @@ impl ReadView {
                 let team = self.policy.teams.get(&t.team);
                 api::TeamView {
                     weight: team.map(|x| x.weight).unwrap_or(1.0),
-                    burst_budget_usd_per_month: team
-                        .map(|x| x.burst.budget_usd_per_month)
-                        .unwrap_or(0.0),
+                    burst_budget_micro_usd: team.map_or(0, |x| x.burst.monthly_budget.micros()),
                     pending: pending.get(t.team.as_str()).copied().unwrap_or(0),
                     running: running.get(t.team.as_str()).copied().unwrap_or(0),
                     quotas: {
