@@ -38,3 +38,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo[@]}" apt-get update -qq
   "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# The EC2 adapter's tests run against moto's EC2 server (PyPI moto[server]).
+if [ "$what" = test ] && ! command -v moto_server >/dev/null 2>&1; then
+  echo "== installing moto[server]"
+  python3 -m pip install -q 'moto[server]>=5.2,<6'
+  if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
+fi

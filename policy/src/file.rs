@@ -330,6 +330,37 @@ pub struct BurstProviderSpec {
     pub gpu_models: Vec<Loc<String>>,
     /// The most instances alive at once through this provider.
     pub max_instances: Loc<u64>,
+    /// Hourly prices per instance type (`aws`: EC2 has no price API, so the
+    /// policy's table is the catalog's price; others: optional overrides).
+    #[serde(default)]
+    pub prices: BTreeMap<String, PriceSpec>,
+    /// Spot (interruptible) capacity may be used for workloads of classes
+    /// that allow burst (default false).
+    #[serde(default)]
+    pub allow_spot: Option<bool>,
+    /// The machine image (`aws`: an AMI per region, `region: ami-…`) or
+    /// container image (`runpod`) instances boot with `axle-spoke` in it.
+    #[serde(default)]
+    pub images: BTreeMap<String, String>,
+    /// An instance whose spoke has not joined this long after launch is
+    /// terminated (default 600).
+    #[serde(default)]
+    pub join_timeout_seconds: Option<Loc<u64>>,
+    /// An instance with no work this long is terminated (default 300).
+    #[serde(default)]
+    pub idle_timeout_seconds: Option<Loc<u64>>,
+}
+
+/// Hourly prices of one instance type, in US dollars.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PriceSpec {
+    #[schemars(range(min = 0))]
+    pub on_demand: Loc<f64>,
+    /// Spot price to assume when spot is allowed (none: on-demand only).
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub spot: Option<Loc<f64>>,
 }
 
 /// `spec` of the `Settings` document.
@@ -342,6 +373,14 @@ pub struct SettingsSpec {
     /// On-prem wait before a burst is wanted (default 300).
     #[serde(default)]
     pub burst_wait_threshold_seconds: Option<Loc<u64>>,
+    /// A cap on all teams' cloud spend together per month (default: none).
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub burst_budget_usd_per_month: Option<Loc<f64>>,
+    /// How long a burst is reserved for when its workload names no maximum
+    /// run time (default 3600).
+    #[serde(default)]
+    pub default_burst_runtime_seconds: Option<Loc<u64>>,
     /// A spoke silent this long is lost (default 30).
     #[serde(default)]
     pub spoke_lost_after_seconds: Option<Loc<u64>>,

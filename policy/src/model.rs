@@ -295,6 +295,32 @@ pub struct BurstProvider {
     pub instance_types: Vec<String>,
     pub gpu_models: Vec<String>,
     pub max_instances: u64,
+    /// Hourly prices per instance type.
+    pub prices: BTreeMap<String, Price>,
+    pub allow_spot: bool,
+    /// Boot images by region (AMIs) or one container image (`default`).
+    pub images: BTreeMap<String, String>,
+    pub join_timeout_s: u64,
+    pub idle_timeout_s: u64,
+}
+
+/// Default `joinTimeoutSeconds`: ten minutes, a GPU instance's boot with room to spare.
+pub const DEFAULT_BURST_JOIN_TIMEOUT_S: u64 = 600;
+/// Default `idleTimeoutSeconds`: five minutes without work.
+pub const DEFAULT_BURST_IDLE_TIMEOUT_S: u64 = 300;
+/// Default `defaultBurstRuntimeSeconds`: an hour is reserved for a workload
+/// without a maximum run time.
+pub const DEFAULT_BURST_RUNTIME_S: u64 = 3600;
+
+fn default_burst_runtime_s() -> u64 {
+    DEFAULT_BURST_RUNTIME_S
+}
+
+/// Hourly prices of one instance type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Price {
+    pub on_demand: Usd,
+    pub spot: Option<Usd>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -303,6 +329,12 @@ pub struct Settings {
     pub fraction_granularity: Milli,
     /// A workload that may burst waits this long on-prem before a burst is wanted.
     pub burst_wait_threshold_s: u64,
+    /// All teams' cloud spend together per month, at most (none: no cap).
+    #[serde(default)]
+    pub burst_budget_per_month: Option<Usd>,
+    /// Reserved run time of a burst whose workload names no maximum.
+    #[serde(default = "default_burst_runtime_s")]
+    pub default_burst_runtime_s: u64,
     /// A spoke silent this long is lost and its workloads are re-queued.
     pub spoke_lost_after_s: u64,
     /// Priority class of a workload that names none.
@@ -346,6 +378,8 @@ impl Default for Settings {
         Settings {
             fraction_granularity: Milli(250),
             burst_wait_threshold_s: 300,
+            burst_budget_per_month: None,
+            default_burst_runtime_s: DEFAULT_BURST_RUNTIME_S,
             spoke_lost_after_s: 30,
             default_priority_class: "development".to_string(),
             cross_team_preemption: CrossTeamPreemption::BorrowedOnly,

@@ -173,6 +173,21 @@ fn settings(docs: &Docs, rep: &mut Reporter<'_>) -> (Settings, Option<(Pos, Stri
     if let Some(v) = &s.burst_wait_threshold_seconds {
         settings.burst_wait_threshold_s = v.value;
     }
+    if let Some(v) = &s.burst_budget_usd_per_month {
+        settings.burst_budget_per_month = Some(usd(rep, first, v, "burstBudgetUsdPerMonth"));
+    }
+    if let Some(v) = &s.default_burst_runtime_seconds {
+        if v.value == 0 {
+            rep.error(
+                first.at(v),
+                first.path("defaultBurstRuntimeSeconds"),
+                "defaultBurstRuntimeSeconds must be above 0".to_string(),
+                "an hour (3600) is a common choice",
+            );
+        } else {
+            settings.default_burst_runtime_s = v.value;
+        }
+    }
     if let Some(v) = &s.spoke_lost_after_seconds {
         if v.value == 0 {
             rep.error(
@@ -487,6 +502,33 @@ fn burst_providers(
                 instance_types: s.instance_types.clone(),
                 gpu_models: s.gpu_models.iter().map(|m| m.value.clone()).collect(),
                 max_instances: s.max_instances.value,
+                prices: s
+                    .prices
+                    .iter()
+                    .map(|(ty, p)| {
+                        let path = format!("prices.{ty}");
+                        (
+                            ty.clone(),
+                            crate::model::Price {
+                                on_demand: usd(rep, doc, &p.on_demand, &format!("{path}.onDemand")),
+                                spot: p
+                                    .spot
+                                    .as_ref()
+                                    .map(|v| usd(rep, doc, v, &format!("{path}.spot"))),
+                            },
+                        )
+                    })
+                    .collect(),
+                allow_spot: s.allow_spot.unwrap_or(false),
+                images: s.images.clone(),
+                join_timeout_s: s
+                    .join_timeout_seconds
+                    .as_ref()
+                    .map_or(crate::model::DEFAULT_BURST_JOIN_TIMEOUT_S, |v| v.value),
+                idle_timeout_s: s
+                    .idle_timeout_seconds
+                    .as_ref()
+                    .map_or(crate::model::DEFAULT_BURST_IDLE_TIMEOUT_S, |v| v.value),
             },
         );
     }

@@ -4,6 +4,7 @@
 //! HTTP/JSON and gRPC user APIs.
 
 pub mod auth;
+pub mod burst;
 pub mod dev;
 pub mod grpc;
 pub mod ha;

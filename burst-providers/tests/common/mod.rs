@@ -1,0 +1,3 @@
+//! Helpers shared by the provider tests.
+
+pub mod openapi;

@@ -1,0 +1,3 @@
+//! What the RunPod adapter's tests share: the OpenAPI validator.
+
+pub mod openapi;
