@@ -177,23 +177,26 @@ fn catalog() -> serde_json::Map<String, Value> {
 
 impl FakeState {
     fn answer(&mut self, method: &str, path: &str, status: u16, body: &Value) -> Response {
-        let errors = match self.spec.response_schema(method, path, status) {
-            Ok(schema) => self.spec.validate(schema, body),
+        let text = body.to_string();
+        let errors = match self.spec.response(method, path, status) {
+            Ok(_) => self
+                .spec
+                .validate_response(method, path, status, "application/json", &text),
             // A status the spec does not list (429, a 500 on a read): Lambda
             // answers those with its error body too.
             Err(_) => self
                 .spec
-                .validate(self.spec.component("errorResponseBody"), body),
-        };
-        self.violations.extend(
-            errors
+                .validate(self.spec.schema("errorResponseBody"), body)
                 .into_iter()
-                .map(|e| format!("{method} {path} answer {status}: {e}")),
-        );
+                .map(|e| format!("{method} {path} {status}: {e}"))
+                .collect(),
+        };
+        self.violations
+            .extend(errors.into_iter().map(|e| format!("fake answer: {e}")));
         (
             StatusCode::from_u16(status).unwrap(),
             [(header::CONTENT_TYPE, "application/json")],
-            body.to_string(),
+            text,
         )
             .into_response()
     }
@@ -371,13 +374,9 @@ fn serve(
             );
         }
         Some(Ok(v)) => {
-            let errors = st.spec.check_request(method, path, &v);
+            let errors = st.spec.validate_request(method, path, &v);
             if !errors.is_empty() {
-                st.violations.extend(
-                    errors
-                        .into_iter()
-                        .map(|e| format!("{method} {path} request: {e}")),
-                );
+                st.violations.extend(errors);
                 return st.answer(
                     method,
                     path,
@@ -620,7 +619,7 @@ fn reason(e: &ProviderError) -> String {
 #[test]
 fn the_validator_rejects_bodies_that_break_the_spec() {
     let spec = spec();
-    let launch = |body: Value| spec.check_request("POST", "/instance-operations/launch", &body);
+    let launch = |body: Value| spec.validate_request("POST", "/instance-operations/launch", &body);
     let good = json!({
         "region_name": "us-east-1",
         "instance_type_name": "gpu_1x_a100_sxm4",
@@ -678,23 +677,25 @@ fn the_validator_rejects_bodies_that_break_the_spec() {
 
     // The verbatim v1.4.0 example's string prices break `type: integer`.
     let types = |price: Value| {
-        spec.check_response(
+        spec.validate_response(
             "GET",
             "/instance-types",
             200,
+            "application/json",
             &json!({ "data": { "gpu_1x_a100": {
                 "instance_type": { "name": "gpu_1x_a100", "description": "1x A100 (40 GB)",
                     "price_cents_per_hour": price,
                     "specs": { "vcpus": 24, "memory_gib": 800, "storage_gib": 512 } },
                 "regions_with_capacity_available": [{ "name": "us-tx-1", "description": "Austin, Texas" }],
-            } } }),
+            } } })
+            .to_string(),
         )
     };
     assert_eq!(types(json!(80)), Vec::<String>::new());
     assert!(!types(json!("80")).is_empty());
     assert!(!types(json!(80.5)).is_empty());
 
-    let instance = spec.component("instance");
+    let instance = spec.schema("instance");
     let inst = json!({ "id": "i", "status": "active", "ssh_key_names": [], "file_system_names": [], "hostname": null });
     assert_eq!(spec.validate(instance, &inst), Vec::<String>::new());
     let mut bad = inst.clone();
@@ -707,7 +708,7 @@ fn the_validator_rejects_bodies_that_break_the_spec() {
     bad.as_object_mut().unwrap().remove("file_system_names");
     assert!(!spec.validate(instance, &bad).is_empty(), "required");
 
-    let error = spec.component("errorResponseBody");
+    let error = spec.schema("errorResponseBody");
     let e = |code: &str| json!({ "error": { "code": code, "message": "m" } });
     assert_eq!(
         spec.validate(error, &e("global/quota-exceeded")),

@@ -9,7 +9,7 @@
 
 #![cfg(feature = "runpod")]
 
-mod common_runpod;
+mod common;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -28,7 +28,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
 use axum::routing::get;
-use common_runpod::openapi::Spec;
+use common::openapi::Spec;
 use serde_json::{Value, json};
 
 const SPEC_PATH: &str = concat!(
@@ -62,13 +62,13 @@ struct FakeGpu {
     free: BTreeMap<&'static str, u64>,
 }
 
-/// An operation of the API: its path template and method.
+/// An operation of the API: its method and path template.
 type Op = (&'static str, &'static str);
-const CATALOG: Op = ("/v2/catalog/gpus", "get");
-const LIST: Op = ("/v2/pods", "get");
-const CREATE: Op = ("/v2/pods", "post");
-const GET: Op = ("/v2/pods/{id}", "get");
-const DELETE: Op = ("/v2/pods/{id}", "delete");
+const CATALOG: Op = ("get", "/v2/catalog/gpus");
+const LIST: Op = ("get", "/v2/pods");
+const CREATE: Op = ("post", "/v2/pods");
+const GET: Op = ("get", "/v2/pods/{id}");
+const DELETE: Op = ("delete", "/v2/pods/{id}");
 
 /// What the fake does with a request instead of (or after) serving it.
 #[derive(Clone)]
@@ -337,7 +337,7 @@ fn admit(
     headers: &HeaderMap,
     body: Option<Value>,
 ) -> Option<Response> {
-    st.requests.push((op.1.to_string(), path, body));
+    st.requests.push((op.0.to_string(), path, body));
     let auth = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
@@ -505,7 +505,7 @@ async fn create_pod(State(state): State<Shared>, headers: HeaderMap, body: Bytes
         st.violations.push("create: the body is not JSON".into());
         return problem(&mut st, op, 400, "request body is not valid JSON");
     };
-    let errors = spec().validate(spec().request_schema(op.0, op.1), &req);
+    let errors = spec().validate_request(op.0, op.1, &req);
     if !errors.is_empty() {
         st.violations
             .extend(errors.iter().map(|e| format!("create request: {e}")));
@@ -1123,21 +1123,21 @@ fn construction_checks_its_arguments() {
 fn the_specs_own_examples_validate() {
     let spec = spec();
     let ops = [
-        ("/v2/pods", "get"),
-        ("/v2/pods", "post"),
-        ("/v2/pods/{id}", "get"),
-        ("/v2/pods/{id}", "delete"),
-        ("/v2/pods/{id}/action", "post"),
-        ("/v2/catalog/gpus", "get"),
+        ("get", "/v2/pods"),
+        ("post", "/v2/pods"),
+        ("get", "/v2/pods/{id}"),
+        ("delete", "/v2/pods/{id}"),
+        ("post", "/v2/pods/{id}/action"),
+        ("get", "/v2/catalog/gpus"),
     ];
     let mut checked = 0;
-    for (path, method) in ops {
-        let op = spec.operation(path, method);
+    for (method, path) in ops {
+        let op = spec.operation(method, path).unwrap();
         if let Some(examples) = op
             .pointer("/requestBody/content/application~1json/examples")
             .and_then(Value::as_object)
         {
-            let schema = spec.request_schema(path, method);
+            let schema = spec.request_schema(method, path).unwrap();
             for (name, ex) in examples {
                 let errors = spec.validate(schema, &ex["value"]);
                 assert!(
@@ -1151,7 +1151,7 @@ fn the_specs_own_examples_validate() {
             let Ok(code) = status.parse::<u16>() else {
                 continue;
             };
-            let response = spec.response(path, method, code).unwrap();
+            let response = spec.response(method, path, code).unwrap();
             for (ct, content) in response
                 .get("content")
                 .and_then(Value::as_object)
@@ -1165,7 +1165,7 @@ fn the_specs_own_examples_validate() {
                     .flatten()
                 {
                     let errors =
-                        spec.validate_response(path, method, code, ct, &ex["value"].to_string());
+                        spec.validate_response(method, path, code, ct, &ex["value"].to_string());
                     assert!(
                         errors.is_empty(),
                         "{method} {path} {code} {name}: {errors:?}"
@@ -1182,7 +1182,7 @@ fn the_specs_own_examples_validate() {
 #[test]
 fn the_validator_rejects_what_the_spec_forbids() {
     let spec = spec();
-    let create = spec.request_schema("/v2/pods", "post");
+    let create = spec.request_schema("post", "/v2/pods").unwrap();
     let good = json!({
         "name": "axle-b-1",
         "image": "img",
@@ -1242,19 +1242,19 @@ fn the_validator_rejects_what_the_spec_forbids() {
     assert!(!spec.validate(gpus, &json!({"gpus": "x"})).is_empty());
     assert!(
         !spec
-            .validate_response("/v2/pods", "get", 200, "application/json", "{not json")
+            .validate_response("get", "/v2/pods", 200, "application/json", "{not json")
             .is_empty()
     );
     assert!(
         !spec
-            .validate_response("/v2/pods/{id}", "delete", 204, "application/json", "{}")
+            .validate_response("delete", "/v2/pods/{id}", 204, "application/json", "{}")
             .is_empty()
     );
     assert!(
         !spec
             .validate_response(
-                "/v2/pods",
                 "post",
+                "/v2/pods",
                 429,
                 "application/problem+json",
                 r#"{"title":"x","status":429}"#
@@ -1267,7 +1267,7 @@ fn the_validator_rejects_what_the_spec_forbids() {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        spec.validate_query("/v2/catalog/gpus", "get", &query)
+        spec.validate_query("get", "/v2/catalog/gpus", &query)
     };
     assert!(
         q(&[

@@ -1,3 +1,0 @@
-//! What the RunPod adapter's tests share: the OpenAPI validator.
-
-pub mod openapi;
