@@ -50,8 +50,8 @@ use crate::credentials::{self, Secret};
 
 mod parse;
 use crate::{
-    CALL_TIMEOUT, Instance, InstanceState, LaunchSpec, Offer, Provider, ProviderError, TAG_HUB,
-    TAG_MANAGED_BY, gpu_class, http_client, http_error, read_body, transport_error,
+    Answer, CALL_TIMEOUT, Instance, InstanceState, LaunchSpec, Offer, Provider, ProviderError,
+    TAG_HUB, TAG_MANAGED_BY, gpu_class, http_client, http_error, transport_error,
 };
 use parse::*;
 
@@ -207,18 +207,7 @@ impl Lambda {
             .send()
             .await
             .map_err(|e| transport_error(KIND, what, &e))?;
-        let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let body = read_body(KIND, resp).await?;
-        Ok(Answer {
-            status,
-            retry_after,
-            body,
-        })
+        Answer::read(KIND, resp).await
     }
 
     async fn get(&self, what: &str, segments: &[&str]) -> Result<Answer, ProviderError> {
@@ -496,19 +485,6 @@ impl Provider for Lambda {
 
     fn terminate<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(self.terminate_instance(id))
-    }
-}
-
-/// One answer, read whole.
-struct Answer {
-    status: u16,
-    retry_after: Option<String>,
-    body: String,
-}
-
-impl Answer {
-    fn is_success(&self) -> bool {
-        (200..300).contains(&self.status)
     }
 }
 

@@ -256,6 +256,39 @@ pub fn http_client(provider: &'static str) -> Result<reqwest::Client, ProviderEr
         })
 }
 
+/// One answer of a REST provider, read whole: its status, Retry-After header
+/// and body (at most [`MAX_RESPONSE_BYTES`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub retry_after: Option<String>,
+    pub body: String,
+}
+
+impl Answer {
+    pub async fn read(
+        provider: &'static str,
+        resp: reqwest::Response,
+    ) -> Result<Answer, ProviderError> {
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = read_body(provider, resp).await?;
+        Ok(Answer {
+            status,
+            retry_after,
+            body,
+        })
+    }
+
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+}
+
 /// A response body of at most [`MAX_RESPONSE_BYTES`], as text.
 pub async fn read_body(
     provider: &'static str,

@@ -59,8 +59,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::credentials::{self, Secret};
 use crate::{
-    Instance, InstanceState, LaunchSpec, MANAGED_BY_VALUE, Offer, Provider, ProviderError,
-    TAG_MANAGED_BY, gpu_class, http_client, http_error, read_body, transport_error,
+    Answer, Instance, InstanceState, LaunchSpec, MANAGED_BY_VALUE, Offer, Provider, ProviderError,
+    TAG_MANAGED_BY, gpu_class, http_client, http_error, transport_error,
 };
 
 /// This adapter's kind.
@@ -207,18 +207,7 @@ impl RunPod {
             .send()
             .await
             .map_err(|e| transport_error(KIND, what, &e))?;
-        let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let body = read_body(KIND, resp).await?;
-        Ok(Answer {
-            status,
-            retry_after,
-            body,
-        })
+        Answer::read(KIND, resp).await
     }
 
     /// The GPU types the catalog lists for pods of `count` GPUs on the
@@ -235,7 +224,7 @@ impl RunPod {
                 &what,
             )
             .await?;
-        answer.ok(&what)?;
+        ok(&answer, &what)?;
         let list: ListGpuTypesWire = parse(&answer.body, &what)?;
         Ok((count, list.gpus))
     }
@@ -360,7 +349,7 @@ impl RunPod {
                 ));
             }
         }
-        answer.ok(&what)?;
+        ok(&answer, &what)?;
         let pod: PodWire = parse(&answer.body, &what)?;
         Ok(pod.into_instance())
     }
@@ -370,7 +359,7 @@ impl RunPod {
         let answer = self
             .call(reqwest::Method::GET, "/v2/pods", None, what)
             .await?;
-        answer.ok(what)?;
+        ok(&answer, what)?;
         let list: ListPodsWire = parse(&answer.body, what)?;
         Ok(list
             .pods
@@ -389,7 +378,7 @@ impl RunPod {
         if answer.status == 404 {
             return Ok(None);
         }
-        answer.ok(&what)?;
+        ok(&answer, &what)?;
         let pod: PodWire = parse(&answer.body, &what)?;
         Ok(Some(pod.into_instance()))
     }
@@ -408,7 +397,7 @@ impl RunPod {
         if answer.status == 404 {
             return Ok(());
         }
-        answer.ok(&what)
+        ok(&answer, &what)
     }
 }
 
@@ -448,27 +437,18 @@ impl Provider for RunPod {
     }
 }
 
-/// One answer from the API.
-struct Answer {
-    status: u16,
-    retry_after: Option<String>,
-    body: String,
-}
-
-impl Answer {
-    /// `Ok` for a 2xx, else the error the status and problem document say.
-    fn ok(&self, what: &str) -> Result<(), ProviderError> {
-        if (200..300).contains(&self.status) {
-            return Ok(());
-        }
-        Err(http_error(
-            KIND,
-            self.status,
-            self.retry_after.as_deref(),
-            what,
-            &problem_detail(&self.body),
-        ))
+/// `Ok` for a 2xx answer, else the error its status and problem document say.
+fn ok(answer: &Answer, what: &str) -> Result<(), ProviderError> {
+    if answer.is_success() {
+        return Ok(());
     }
+    Err(http_error(
+        KIND,
+        answer.status,
+        answer.retry_after.as_deref(),
+        what,
+        &problem_detail(&answer.body),
+    ))
 }
 
 /// The instance type of `count` GPUs of type `gpu_id`.

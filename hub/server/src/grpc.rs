@@ -109,19 +109,15 @@ impl pb::spoke_service_server::SpokeService for SpokeSvc {
         if !known {
             return Err(status_of(crate::hub::invalid_join_token()));
         }
-        let (reply, rx) = oneshot::channel();
-        self.hub
-            .send(Command::Join {
+        let issued = self
+            .hub
+            .ask(|reply| Command::Join {
                 token: r.token,
                 cluster: r.cluster,
                 csr_pem: r.csr_pem,
                 reply,
             })
             .await
-            .map_err(status_of)?;
-        let issued = rx
-            .await
-            .map_err(|_| status_of(self.hub.stopped()))?
             .map_err(status_of)?;
         info!("spoke for cluster {} joined", issued.cluster);
         Ok(Response::new(certificate_pb(issued)))
@@ -132,18 +128,14 @@ impl pb::spoke_service_server::SpokeService for SpokeSvc {
         req: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::SpokeCertificate>, Status> {
         let peer = peer_fingerprint(&req);
-        let (reply, rx) = oneshot::channel();
-        self.hub
-            .send(Command::Renew {
+        let issued = self
+            .hub
+            .ask(|reply| Command::Renew {
                 peer,
                 csr_pem: req.into_inner().csr_pem,
                 reply,
             })
             .await
-            .map_err(status_of)?;
-        let issued = rx
-            .await
-            .map_err(|_| status_of(self.hub.stopped()))?
             .map_err(status_of)?;
         Ok(Response::new(certificate_pb(issued)))
     }

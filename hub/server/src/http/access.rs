@@ -8,7 +8,6 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
-use tokio::sync::oneshot;
 
 use super::{err, json};
 use crate::auth::{self, Action, Identity};
@@ -79,14 +78,12 @@ pub(super) async fn revoke_token(
     axum::Extension(who): axum::Extension<Identity>,
     Path(id): Path<String>,
 ) -> Response {
-    let (reply, rx) = oneshot::channel();
-    if let Err(e) = hub.send(Command::RevokeToken { id, by: who, reply }).await {
-        return err(e);
-    }
-    match rx.await {
-        Ok(Ok(t)) => json(StatusCode::OK, &token_json(&t)),
-        Ok(Err(e)) => err(e),
-        Err(_) => err(hub.stopped()),
+    match hub
+        .ask(|reply| Command::RevokeToken { id, by: who, reply })
+        .await
+    {
+        Ok(t) => json(StatusCode::OK, &token_json(&t)),
+        Err(e) => err(e),
     }
 }
 
@@ -108,18 +105,16 @@ pub(super) async fn create_token(
             ));
         }
     };
-    let (reply, rx) = oneshot::channel();
-    let cmd = Command::CreateToken {
-        user: req.user,
-        ttl_ms: req.ttl_s.saturating_mul(1000),
-        by: who,
-        reply,
-    };
-    if let Err(e) = hub.send(cmd).await {
-        return err(e);
-    }
-    match rx.await {
-        Ok(Ok((record, token))) => json(
+    let made = hub
+        .ask(|reply| Command::CreateToken {
+            user: req.user,
+            ttl_ms: req.ttl_s.saturating_mul(1000),
+            by: who,
+            reply,
+        })
+        .await;
+    match made {
+        Ok((record, token)) => json(
             StatusCode::CREATED,
             &serde_json::json!({
                 "id": record.id,
@@ -128,8 +123,7 @@ pub(super) async fn create_token(
                 "expires_at_ms": record.expires_at_ms,
             }),
         ),
-        Ok(Err(e)) => err(e),
-        Err(_) => err(hub.stopped()),
+        Err(e) => err(e),
     }
 }
 
@@ -164,18 +158,16 @@ pub(super) async fn create_join_token(
             }
         }
     };
-    let (reply, rx) = oneshot::channel();
-    let cmd = Command::CreateJoinToken {
-        cluster,
-        ttl_ms: req.ttl_s.saturating_mul(1000),
-        by: who,
-        reply,
-    };
-    if let Err(e) = hub.send(cmd).await {
-        return err(e);
-    }
-    match rx.await {
-        Ok(Ok((record, token))) => json(
+    let made = hub
+        .ask(|reply| Command::CreateJoinToken {
+            cluster,
+            ttl_ms: req.ttl_s.saturating_mul(1000),
+            by: who,
+            reply,
+        })
+        .await;
+    match made {
+        Ok((record, token)) => json(
             StatusCode::CREATED,
             &serde_json::json!({
                 "id": record.id,
@@ -185,8 +177,7 @@ pub(super) async fn create_join_token(
                 "ca_sha256": hub.config.spoke_ca.as_ref().map(|ca| ca.pin()),
             }),
         ),
-        Ok(Err(e)) => err(e),
-        Err(_) => err(hub.stopped()),
+        Err(e) => err(e),
     }
 }
 
@@ -197,20 +188,15 @@ pub(super) async fn revoke_cluster(
     axum::Extension(who): axum::Extension<Identity>,
     Path(cluster): Path<String>,
 ) -> Response {
-    let (reply, rx) = oneshot::channel();
-    if let Err(e) = hub
-        .send(Command::RevokeCluster {
+    match hub
+        .ask(|reply| Command::RevokeCluster {
             cluster,
             by: who,
             reply,
         })
         .await
     {
-        return err(e);
-    }
-    match rx.await {
-        Ok(Ok(r)) => json(StatusCode::OK, &r),
-        Ok(Err(e)) => err(e),
-        Err(_) => err(hub.stopped()),
+        Ok(r) => json(StatusCode::OK, &r),
+        Err(e) => err(e),
     }
 }

@@ -269,6 +269,14 @@ impl Hub {
         self.tx.send(cmd).await.map_err(|_| self.stopped())
     }
 
+    /// Sends the command `make` builds around a reply channel and waits for
+    /// its answer (given once the command's batch is durable).
+    pub async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, HubError> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.send(make(reply)).await?;
+        rx.await.map_err(|_| self.stopped())?
+    }
+
     /// Why a command got no answer: the applier stopped on a store failure (a replica
     /// that stepped down: nothing of the request was kept), or the hub is shutting down.
     pub fn stopped(&self) -> HubError {
