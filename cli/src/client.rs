@@ -545,6 +545,11 @@ impl Client {
         self.get("api/v1/teams", &[]).await
     }
 
+    /// `GET /api/v1/burst`: burst instances and spend this month.
+    pub async fn burst(&self) -> Result<axle_proto::api::BurstView, ClientError> {
+        self.get("api/v1/burst", &[]).await
+    }
+
     /// `GET /api/v1/events`: the `tail` most recent events, or those after
     /// `since`; of one workload when `workload` is given.
     pub async fn events(

@@ -32,6 +32,8 @@ pub enum Resource {
     /// The hub's replicas, which one leads, and its term.
     #[value(alias = "hub")]
     Hubs,
+    /// Cloud burst instances and each team's spend this month.
+    Burst,
 }
 
 /// Events `get events` shows by default: the most recent screenfuls.
@@ -44,16 +46,16 @@ pub struct GetArgs {
     resource: Resource,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = ListFormat::Table)]
-    output: ListFormat,
+    pub(crate) output: ListFormat,
     /// Keep polling every second and print rows that change, until Ctrl-C.
     #[arg(short = 'w', long)]
     watch: bool,
     /// Tables without their header line.
     #[arg(long)]
-    no_headers: bool,
+    pub(crate) no_headers: bool,
     /// Only this team (workloads, teams).
     #[arg(long)]
-    team: Option<String>,
+    pub(crate) team: Option<String>,
     /// Only this state: a workload state (Pending, Running, …) or a cluster
     /// state (Ready, Lost, Declared).
     #[arg(long)]
@@ -194,6 +196,7 @@ fn check_filters(a: &GetArgs) -> Result<Option<String>, UsageError> {
                 Resource::Teams => "teams",
                 Resource::Events => "events",
                 Resource::Hubs => "hubs",
+                Resource::Burst => "burst",
             }
         ))
     };
@@ -221,6 +224,10 @@ fn check_filters(a: &GetArgs) -> Result<Option<String>, UsageError> {
         Resource::Hubs if a.cluster.is_some() => Err(unsupported("--cluster")),
         Resource::Hubs if a.watch => Err(unsupported("-w")),
         Resource::Hubs => Ok(None),
+        Resource::Burst if a.state.is_some() => Err(unsupported("--state")),
+        Resource::Burst if a.cluster.is_some() => Err(unsupported("--cluster")),
+        Resource::Burst if a.watch => Err(unsupported("-w")),
+        Resource::Burst => Ok(None),
     }
 }
 
@@ -334,6 +341,7 @@ async fn fetch(
             Snapshot::Teams(ts)
         }
         Resource::Hubs => anyhow::bail!("hubs are listed by `hubs`, not polled"),
+        Resource::Burst => anyhow::bail!("burst is listed by `burst_cmd`, not polled"),
     })
 }
 
@@ -350,7 +358,7 @@ fn terminal_columns() -> Option<usize> {
         .or_else(|| terminal_size::terminal_size().map(|(w, _)| usize::from(w.0)))
 }
 
-fn structured(format: ListFormat) -> Option<ObjectFormat> {
+pub(crate) fn structured(format: ListFormat) -> Option<ObjectFormat> {
     match format {
         ListFormat::Table | ListFormat::Wide | ListFormat::Name => None,
         ListFormat::Json => Some(ObjectFormat::Json),
@@ -362,6 +370,9 @@ pub async fn run(client: &Client, a: GetArgs) -> anyhow::Result<ExitCode> {
     let state = check_filters(&a)?;
     if a.resource == Resource::Hubs {
         return hubs(client, &a).await;
+    }
+    if a.resource == Resource::Burst {
+        return crate::burst_cmd::run(client, &a).await;
     }
     if a.watch && a.output == ListFormat::Name {
         return Err(UsageError("-o name lists once; drop -w or use -o json".into()).into());
@@ -404,6 +415,7 @@ fn resource_name(r: Resource) -> &'static str {
         Resource::Teams => "teams",
         Resource::Events => "events",
         Resource::Hubs => "hubs",
+        Resource::Burst => "burst",
     }
 }
 

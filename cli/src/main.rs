@@ -12,6 +12,7 @@ mod args;
 mod auth_cmd;
 mod bench_cmd;
 mod bench_soak;
+mod burst_cmd;
 mod client;
 mod describe;
 mod exit;

@@ -218,6 +218,64 @@ pub struct TeamView {
     pub burst_budget_micro_usd: u64,
 }
 
+/// `GET /api/v1/burst`: cloud burst instances, reservations and spend this month.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BurstView {
+    /// Whether this hub bursts at all (`axle-hub --burst`).
+    pub enabled: bool,
+    /// The UTC month budgets count in, `2026-12`.
+    pub month: String,
+    pub instances: Vec<BurstInstanceView>,
+    pub teams: Vec<BurstSpendView>,
+}
+
+/// One burst instance. Money is in micro-dollars (exact).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BurstInstanceView {
+    pub id: String,
+    pub team: String,
+    /// The BurstProvider's name, and its kind (`aws`, `runpod`, `lambda`).
+    pub provider: String,
+    pub kind: String,
+    /// The ephemeral cluster it joins as.
+    pub cluster: String,
+    /// The workload it was launched for.
+    pub workload: u64,
+    /// `requested`, `launching`, `joining`, `ready`, `draining`,
+    /// `terminating`, `terminated`, `failed`.
+    pub state: String,
+    pub instance_id: Option<String>,
+    pub instance_type: String,
+    pub region: String,
+    pub gpu_model: String,
+    pub gpus: u32,
+    pub spot: bool,
+    pub price_per_hour_micro_usd: u64,
+    pub reserved_micro_usd: u64,
+    /// What it has cost so far (its settlement once terminated).
+    pub cost_micro_usd: u64,
+    pub settled: bool,
+    pub created_at_ms: u64,
+    pub launched_at_ms: Option<u64>,
+    pub joined_at_ms: Option<u64>,
+    pub ended_at_ms: Option<u64>,
+    /// Why it is terminating or failed.
+    pub note: String,
+}
+
+/// One team's burst money this month.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BurstSpendView {
+    pub team: String,
+    pub budget_micro_usd: u64,
+    /// Held by live instances' reservations plus settled spend: what the budget check counts.
+    pub committed_micro_usd: u64,
+    /// Settled spend plus what live instances cost so far.
+    pub spent_micro_usd: u64,
+    /// Spent per provider.
+    pub by_provider: std::collections::BTreeMap<String, u64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EventView {
     pub seq: u64,

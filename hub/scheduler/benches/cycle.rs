@@ -84,6 +84,8 @@ fn inventory() -> Inventory {
                 region: if c % 2 == 0 { "eu".into() } else { "us".into() },
                 schedulable: true,
                 needs_image: false,
+                price_per_gpu_hour: axle_policy::Usd::ZERO,
+                owner_team: None,
                 nodes: (0..NODES_PER_CLUSTER)
                     .map(|n| NodeInventory {
                         name: format!("node-{n}"),

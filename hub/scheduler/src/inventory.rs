@@ -27,11 +27,15 @@ pub fn declared(policy: &Policy) -> Inventory {
                 region: c.region.clone(),
                 schedulable: true,
                 needs_image: false,
+                price_per_gpu_hour: c.price_per_gpu_hour,
+                owner_team: None,
                 nodes,
             }
         })
         .collect();
-    Inventory { clusters }
+    let mut inv = Inventory { clusters };
+    inv.order_by_price();
+    inv
 }
 
 /// One cluster of `gpus` GPUs of `model` in nodes of `per_node` (the last node
@@ -56,6 +60,8 @@ pub fn uniform(name: &str, region: &str, model: &str, gpus: u64, per_node: u32) 
             region: region.to_string(),
             schedulable: true,
             needs_image: false,
+            price_per_gpu_hour: axle_policy::Usd::ZERO,
+            owner_team: None,
             nodes,
         }],
     }

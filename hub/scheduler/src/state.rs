@@ -38,6 +38,8 @@ pub(crate) struct ClusterRec {
     pub schedulable: bool,
     /// Workloads without an image cannot run here.
     pub needs_image: bool,
+    /// Only this team's workloads run here.
+    pub owner_team: Option<String>,
     /// Global node indices.
     pub nodes: Vec<u32>,
 }
@@ -134,6 +136,7 @@ impl State {
                 region: c.region.clone(),
                 schedulable: c.schedulable,
                 needs_image: c.needs_image,
+                owner_team: c.owner_team.clone(),
                 nodes: Vec::new(),
             };
             for (li, n) in c.nodes.iter().enumerate() {

@@ -69,6 +69,8 @@ pub fn inventory(nodes: &[(&str, u32)]) -> Inventory {
             region: "eu".into(),
             schedulable: true,
             needs_image: false,
+            price_per_gpu_hour: axle_policy::Usd::ZERO,
+            owner_team: None,
             nodes: nodes
                 .iter()
                 .enumerate()

@@ -79,7 +79,23 @@ pub struct ClusterInventory {
     /// without an image cannot run there.
     #[serde(default)]
     pub needs_image: bool,
+    /// What a GPU-hour here costs (the policy's internal
+    /// `priceUsdPerGpuHour`, or a burst instance's price per GPU).
+    #[serde(default)]
+    pub price_per_gpu_hour: axle_policy::Usd,
+    /// Only this team's workloads run here: a burst instance its budget pays for.
+    #[serde(default)]
+    pub owner_team: Option<String>,
     pub nodes: Vec<NodeInventory>,
+}
+
+impl Inventory {
+    /// Puts cheaper clusters first (stable: equal prices keep their order).
+    /// Placement breaks ties between clusters that fit equally well by
+    /// their order, so among equals the lower price wins.
+    pub fn order_by_price(&mut self) {
+        self.clusters.sort_by_key(|c| c.price_per_gpu_hour);
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -319,6 +335,10 @@ pub enum PendingReason {
         estimated_start_ms: Option<u64>,
         /// The same, from the cycle's `now`.
         estimated_wait_ms: Option<u64>,
+        /// Why it has not burst to a cloud provider, when it may (the hub's
+        /// burst controller fills it in; the scheduler leaves it `None`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        burst: Option<String>,
     },
     /// Left for the next cycle because this cycle's preemption budget is spent.
     PreemptionDeferred,
@@ -469,6 +489,7 @@ impl fmt::Display for PendingReason {
                 queue_position,
                 estimated_start_ms: _,
                 estimated_wait_ms,
+                burst,
             } => {
                 write!(
                     f,
@@ -516,6 +537,10 @@ impl fmt::Display for PendingReason {
                         f,
                         "; no estimate (the work holding the GPUs has no max runtime)"
                     ),
+                }?;
+                match burst {
+                    Some(b) => write!(f, "; cloud burst: {b}"),
+                    None => Ok(()),
                 }
             }
             PendingReason::PreemptionDeferred => write!(

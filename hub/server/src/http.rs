@@ -39,6 +39,7 @@ pub fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v1/workloads/{id}/logs", get(get_logs))
         .route("/api/v1/clusters", get(clusters))
         .route("/api/v1/teams", get(teams))
+        .route("/api/v1/burst", get(burst))
         .route("/api/v1/events", get(events))
         .route("/api/v1/policy", get(policy))
         .route("/api/v1/hubs", get(hubs))
@@ -533,6 +534,14 @@ async fn get_logs(
 
 async fn clusters(State(hub): State<Arc<Hub>>) -> Response {
     let v = hub.read().cluster_views();
+    json(StatusCode::OK, &v)
+}
+
+async fn burst(
+    State(hub): State<Arc<Hub>>,
+    axum::Extension(who): axum::Extension<Identity>,
+) -> Response {
+    let v = hub.read().burst_view(&who, hub.now_ms());
     json(StatusCode::OK, &v)
 }
 

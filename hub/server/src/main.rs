@@ -35,6 +35,8 @@ struct Args {
     etcd: EtcdArgs,
     #[command(flatten)]
     replica: ReplicaArgs,
+    #[command(flatten)]
+    burst: axle_hub::burst::setup::BurstArgs,
     /// Policy repository (directory of YAML documents).
     #[arg(long, env = "AXLE_POLICY")]
     policy: Option<PathBuf>,
@@ -464,6 +466,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     listeners.tls = tls;
     listeners.spoke_mtls = spoke_mtls;
     listeners.oidc = oidc;
+    listeners.burst = args.burst.config(&policy).await;
     listeners.auth = auth_mode;
     listeners.bootstrap_token = bootstrap;
     listeners.rate_limits = axle_hub::rate::RateLimits {

@@ -51,6 +51,29 @@ pub struct Listeners {
     pub spoke_mtls: Option<SpokeMtls>,
     /// Single sign-on: OIDC ID tokens accepted besides API tokens.
     pub oidc: Option<Arc<crate::oidc::Oidc>>,
+    /// Cloud burst; `hub_id` and an empty `hub_url` are filled in at start
+    /// (the spoke CA's hash; the gRPC listener's address).
+    pub burst: Option<crate::burst::setup::BurstConfig>,
+}
+
+/// The burst settings completed for a hub with spoke CA `ca` serving gRPC on `grpc`.
+pub(crate) fn burst_config(
+    listeners: &Listeners,
+    ca: Option<&crate::spoke_ca::SpokeCa>,
+    grpc: std::net::SocketAddr,
+) -> Option<Arc<crate::burst::setup::BurstConfig>> {
+    let mut b = listeners.burst.clone()?;
+    let Some(ca) = ca else {
+        tracing::warn!(
+            "cloud burst is off: burst instances join with join tokens, which need the spoke CA (run without --insecure-no-tls)"
+        );
+        return None;
+    };
+    b.hub_id = ca.pin()[..16].to_string();
+    if b.hub_url.is_empty() {
+        b.hub_url = format!("https://{grpc}");
+    }
+    Some(Arc::new(b))
 }
 
 /// Spoke identity by mTLS (see [`crate::spoke_ca`]).
@@ -162,6 +185,7 @@ impl Listeners {
             rate_limits: Default::default(),
             spoke_mtls: None,
             oidc: None,
+            burst: None,
         })
     }
 
@@ -256,6 +280,11 @@ pub async fn run_on(
             spoke_ca: secured.ca.clone(),
             spoke_cert_ttl_ms: secured.cert_ttl_ms,
             oidc: listeners.oidc.clone(),
+            burst: burst_config(
+                &listeners,
+                secured.ca.as_deref(),
+                listeners.grpc.local_addr()?,
+            ),
         },
     )
     .await?;

@@ -60,6 +60,8 @@ pub fn inventory_of(list: &NodeList) -> Inventory {
             region: "sim".to_string(),
             schedulable: true,
             needs_image: false,
+            price_per_gpu_hour: axle_policy::Usd::ZERO,
+            owner_team: None,
             nodes: list
                 .nodes
                 .iter()

@@ -2,18 +2,35 @@
 
 use super::CycleOptions;
 use crate::state::State;
-use crate::types::{BurstWanted, Decisions, WorkloadSpec};
+use crate::types::{BurstWanted, Decisions, PendingReason, WorkloadSpec};
 
+/// Whether a workload waiting for `reason` could run on a cloud instance:
+/// only when the capacity is missing, never when its team is at its limit,
+/// has no quota for the model, or the request needs an image or can never fit
+/// (a burst instance would sit idle and cost money).
+pub(super) fn capacity_is_the_blocker(reason: &PendingReason) -> bool {
+    matches!(
+        reason,
+        PendingReason::NoFreeCapacity { .. }
+            | PendingReason::NoMatchingCluster { .. }
+            // Not explained this cycle (a deep queue): a shape that failed
+            // for capacity; a limit would have been found by admission.
+            | PendingReason::NotEvaluated
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
 pub(super) fn maybe_burst(
     state: &State,
     opts: &CycleOptions,
     spec: &WorkloadSpec,
     team: u32,
     class_allows: bool,
+    reason: &PendingReason,
     now_ms: u64,
     out: &mut Decisions,
 ) {
-    if !spec.burst_allowed || !class_allows {
+    if !spec.burst_allowed || !class_allows || !capacity_is_the_blocker(reason) {
         return;
     }
     let info = &state.cat.teams[team as usize];
@@ -63,7 +80,8 @@ mod tests {
         let threshold_ms = s.cat.policy.settings.burst_wait_threshold_s * 1000;
         let wants = |now: u64, opts: &CycleOptions| {
             let mut out = Decisions::default();
-            maybe_burst(&s, opts, &spec, 0, true, now, &mut out);
+            let reason = PendingReason::NotEvaluated;
+            maybe_burst(&s, opts, &spec, 0, true, &reason, now, &mut out);
             out.burst_wanted.len()
         };
         let opts = CycleOptions::default();
@@ -74,5 +92,90 @@ mod tests {
             ..CycleOptions::default()
         };
         assert_eq!(wants(threshold_ms, &spent), 0, "no budget left");
+    }
+
+    #[test]
+    fn only_missing_capacity_is_worth_a_burst() {
+        use axle_policy::Milli;
+        assert!(capacity_is_the_blocker(&PendingReason::NotEvaluated));
+        let at_limit = PendingReason::TeamAtLimit {
+            team: "a".into(),
+            gpu_class: "H100".into(),
+            limit: Milli(8000),
+            used: Milli(8000),
+            requested: Milli(1000),
+            within_guarantee_only: false,
+            own_preemptible: Milli::ZERO,
+        };
+        assert!(
+            !capacity_is_the_blocker(&at_limit),
+            "a cloud GPU counts against the same limit: it would idle"
+        );
+    }
+}
+
+#[cfg(test)]
+mod cluster_choice_tests {
+    use axle_policy::CrossTeamPreemption::BorrowedOnly;
+    use axle_policy::Usd;
+
+    use crate::cycle::{CycleOptions, cycle};
+    use crate::state::State;
+    use crate::testkit::{inventory, policy, req};
+    use crate::types::Inventory;
+
+    /// Two one-GPU clusters, `a` then `b`, with the given prices per GPU-hour.
+    fn two_clusters(a_cents: u64, b_cents: u64) -> Inventory {
+        let mut a = inventory(&[("H100", 1)]).clusters.remove(0);
+        a.name = "a".into();
+        a.price_per_gpu_hour = Usd::from_cents(a_cents);
+        let mut b = a.clone();
+        b.name = "b".into();
+        b.price_per_gpu_hour = Usd::from_cents(b_cents);
+        Inventory {
+            clusters: vec![a, b],
+        }
+    }
+
+    fn placed_on(inv: Inventory, team: &str) -> Option<String> {
+        let p = policy(
+            &[("t", &[("H100", 0.0, 8.0)]), ("u", &[("H100", 0.0, 8.0)])],
+            BorrowedOnly,
+        );
+        let mut s = State::new(p, &inv);
+        s.submit(req(1, team, "training", 1.0)).unwrap();
+        let d = cycle(&s, 0, &CycleOptions::default());
+        d.placements
+            .first()
+            .map(|pl| s.cluster_name(pl.allocation.cluster).to_string())
+    }
+
+    #[test]
+    fn among_clusters_that_fit_equally_the_cheaper_wins() {
+        let mut inv = two_clusters(300, 200);
+        assert_eq!(
+            placed_on(inv.clone(), "t").as_deref(),
+            Some("a"),
+            "unordered: the first"
+        );
+        inv.order_by_price();
+        assert_eq!(
+            placed_on(inv, "t").as_deref(),
+            Some("b"),
+            "$2.00 beats $3.00"
+        );
+    }
+
+    #[test]
+    fn a_cluster_a_team_pays_for_takes_only_that_teams_work() {
+        let mut inv = two_clusters(100, 100);
+        inv.clusters.truncate(1);
+        inv.clusters[0].owner_team = Some("t".into());
+        assert_eq!(
+            placed_on(inv.clone(), "u"),
+            None,
+            "another team's burst instance"
+        );
+        assert_eq!(placed_on(inv, "t").as_deref(), Some("a"));
     }
 }

@@ -187,6 +187,7 @@ impl<'s> Work<'s> {
             queue_position: None,
             estimated_start_ms: estimate,
             estimated_wait_ms: estimate.map(|t| t.saturating_sub(self.now_ms)),
+            burst: None,
         }
     }
 

@@ -145,6 +145,7 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                     spec,
                     team,
                     class_info.burst_allowed,
+                    &reason,
                     now_ms,
                     &mut out,
                 );

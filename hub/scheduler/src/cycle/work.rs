@@ -151,7 +151,9 @@ impl<'s> Work<'s> {
     /// [`Work::cluster_ok`] as if the workload named an image.
     pub(super) fn cluster_ok_but_image(&self, spec: &WorkloadSpec, cluster: u32) -> bool {
         let c = &self.s.clusters[cluster as usize];
-        c.schedulable && (spec.regions.is_empty() || spec.regions.contains(&c.region))
+        c.schedulable
+            && (spec.regions.is_empty() || spec.regions.contains(&c.region))
+            && c.owner_team.as_deref().is_none_or(|t| t == spec.team)
     }
 
     pub(super) fn node_ok(&self, spec: &WorkloadSpec, node: u32) -> bool {

@@ -184,6 +184,8 @@ impl InventoryBuilder {
             region: region.to_string(),
             schedulable: true,
             needs_image: false,
+            price_per_gpu_hour: axle_policy::Usd::ZERO,
+            owner_team: None,
             nodes: Vec::new(),
         });
         self

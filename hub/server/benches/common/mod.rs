@@ -151,6 +151,7 @@ pub async fn start(dir: &std::path::Path) -> (Arc<Hub>, axle_hub::hub::HubTasks,
             spoke_ca: None,
             spoke_cert_ttl_ms: 0,
             oidc: None,
+            burst: None,
         },
     )
     .await

@@ -241,6 +241,38 @@ impl Ledger {
         Some((r, crossed(&team, month, before, after, budget)))
     }
 
+    /// Holds `more` for burst `id` on top of what it holds, if it fits both
+    /// budgets (a run outlasting its reservation); returns the thresholds crossed.
+    pub fn extend(
+        &mut self,
+        id: &str,
+        more: Usd,
+        budget: Usd,
+        global: Option<Usd>,
+    ) -> Result<Vec<Crossed>, Refusal> {
+        let Some(r) = self.reservations.get(id).cloned() else {
+            return Err(Refusal::Duplicate(id.to_string()));
+        };
+        let probe = format!("{id}+");
+        self.reservations.remove(id);
+        let res = self.reserve(
+            &probe,
+            &r.team,
+            &r.provider,
+            r.month,
+            r.reserved.saturating_add(more),
+            budget,
+            global,
+        );
+        self.reservations.remove(&probe);
+        let mut r = r;
+        if res.is_ok() {
+            r.reserved = r.reserved.saturating_add(more);
+        }
+        self.reservations.insert(id.to_string(), r);
+        res
+    }
+
     /// Drops reservations of months before `month` (their spend is history).
     pub fn forget_before(&mut self, month: Month) -> Vec<String> {
         let old: Vec<String> = self

@@ -109,6 +109,11 @@ pub async fn run(
             spoke_ca: secured.ca.clone(),
             spoke_cert_ttl_ms: secured.cert_ttl_ms,
             oidc: listeners.oidc.clone(),
+            burst: crate::server::burst_config(
+                &listeners,
+                secured.ca.as_deref(),
+                listeners.grpc.local_addr()?,
+            ),
         },
         policy,
         ha,

@@ -93,6 +93,8 @@ pub enum Command {
         conn: u64,
     },
     Tick,
+    /// What a burst provider call came to (from the burst worker).
+    Burst(Box<crate::burst::worker::Outcome>),
     /// The hub is shutting down: end every spoke session (their streams
     /// close, so the drain does not wait for them; spokes redial).
     EndSessions,
@@ -108,6 +110,8 @@ pub(super) struct Effects {
     pub submitted: Vec<(u64, bool, SubmitReply)>,
     /// Workloads deleted by retention: their logs go once the delete is durable.
     pub forget_logs: Vec<u64>,
+    /// Provider calls for the burst worker, sent once the batch is durable.
+    pub burst_jobs: Vec<crate::burst::worker::Job>,
 }
 
 impl Effects {
@@ -165,7 +169,8 @@ impl Hub {
             }
         }
         let conns: BTreeMap<String, SpokeTx> = {
-            let inner = self.lock();
+            let mut inner = self.lock();
+            inner.refresh_burst_snapshot();
             self.read.store(Arc::new(inner.read_view()));
             inner
                 .clusters
@@ -194,6 +199,11 @@ impl Hub {
         }
         for f in fx.after {
             f();
+        }
+        if let Some(w) = self.burst_worker.get() {
+            for job in fx.burst_jobs {
+                w.queue(job);
+            }
         }
         true
     }
@@ -386,8 +396,10 @@ impl Inner {
                     self.spoke_step(&cluster, SpokeEvent::StreamEnded { conn }, fx, now);
                 }
             }
+            Command::Burst(outcome) => self.burst_outcome(*outcome, fx, now),
             Command::Tick => {
                 self.liveness(fx, now);
+                self.burst_tick(fx, now);
                 self.retain(fx, now, events.take());
                 // A cycle each tick (waits pass burst thresholds), without
                 // forcing a full explanation when nothing else changed.

@@ -115,6 +115,22 @@ impl Inner {
             ));
         }
         let ttl_ms = ttl_of(ttl_ms)?;
+        self.mint_join_token(ca, &cluster, ttl_ms, &by.user, fx, now)
+    }
+
+    /// Mints a join token for `cluster` (a platform admin's, or the burst
+    /// controller's for an instance it launches); answered with the record
+    /// and the token, which is never stored.
+    pub(super) fn mint_join_token(
+        &mut self,
+        ca: &spoke_ca::SpokeCa,
+        cluster: &str,
+        ttl_ms: u64,
+        created_by: &str,
+        fx: &mut Effects,
+        now: u64,
+    ) -> Result<(JoinTokenRecord, String), HubError> {
+        let cluster = cluster.to_string();
         self.prune_identities(fx, now);
         if self.join_tokens.len() >= spoke_ca::MAX_JOIN_TOKENS {
             return Err(HubError::Conflict(format!(
@@ -131,7 +147,7 @@ impl Inner {
             sha256,
             created_at_ms: now,
             expires_at_ms: now.saturating_add(ttl_ms),
-            created_by: by.user.clone(),
+            created_by: created_by.to_string(),
             used_at_ms: None,
         };
         fx.put(join_token_key(&id), &record);

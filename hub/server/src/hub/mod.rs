@@ -25,6 +25,7 @@
 //! edges, spokes are fed `pb::HubMessage`s over a channel.
 
 mod applier;
+mod burst;
 mod clock;
 mod error;
 mod identity;
@@ -98,6 +99,9 @@ pub struct HubConfig {
     pub spoke_cert_ttl_ms: u64,
     /// Single sign-on: OIDC ID tokens accepted besides API tokens.
     pub oidc: Option<Arc<crate::oidc::Oidc>>,
+    /// Cloud burst: the providers and how instances reach the hub; `None`:
+    /// the hub never launches (burst wishes are only recorded as events).
+    pub burst: Option<Arc<crate::burst::setup::BurstConfig>>,
 }
 
 /// What the hub does when a commit fails: memory is then ahead of the
@@ -149,6 +153,17 @@ pub struct Inner {
     spoke_certs: Arc<BTreeMap<String, crate::spoke_ca::SpokeCertRecord>>,
     /// The caller of the command being applied, for its events.
     actor: Option<crate::auth::Identity>,
+    /// Burst instances by id (live, and finished ones of this and last month).
+    bursts: BTreeMap<String, crate::burst::record::BurstRecord>,
+    /// The reservations of `bursts`, by team and month.
+    ledger: crate::burst::ledger::Ledger,
+    /// What the burst reconciler keeps in memory only.
+    burst_rt: burst::BurstRuntime,
+    burst_cfg: Option<Arc<crate::burst::setup::BurstConfig>>,
+    spoke_ca: Option<Arc<crate::spoke_ca::SpokeCa>>,
+    /// `bursts` as readers see it, rebuilt when a burst record changed.
+    burst_snapshot: Arc<Vec<crate::burst::record::BurstRecord>>,
+    burst_snapshot_stale: bool,
 }
 
 pub struct Hub {
@@ -165,6 +180,8 @@ pub struct Hub {
     pub config: HubConfig,
     /// Why the last commit failed, under [`OnStoreFailure::StepDown`].
     store_failure: Mutex<Option<String>>,
+    /// Performs provider calls for the burst reconciler.
+    burst_worker: std::sync::OnceLock<crate::burst::worker::Worker>,
 }
 
 impl Hub {
@@ -201,7 +218,17 @@ impl Hub {
             limiter: crate::rate::Limiter::new(config.rate_limits),
             config,
             store_failure: Mutex::new(None),
+            burst_worker: std::sync::OnceLock::new(),
         });
+        {
+            let mut inner = hub.lock();
+            inner.burst_cfg = hub.config.burst.clone();
+            // Bursting needs the spoke CA: instances join with a join token.
+            inner.spoke_ca = hub.config.spoke_ca.clone();
+            if inner.spoke_ca.is_none() {
+                inner.burst_cfg = None;
+            }
+        }
         {
             let mut fx = Effects::default();
             {
@@ -229,7 +256,13 @@ impl Hub {
                 );
             }
         }
-        let tasks = tasks::spawn(hub.clone(), rx);
+        let mut tasks = tasks::spawn(hub.clone(), rx);
+        if let Some(b) = hub.lock().burst_cfg.clone() {
+            let (worker, task) =
+                crate::burst::worker::Worker::spawn(b.providers.clone(), hub.tx.clone());
+            let _ = hub.burst_worker.set(worker);
+            tasks.burst = Some(task);
+        }
         Ok((hub, tasks))
     }
 

@@ -59,6 +59,10 @@ pub struct ReadView {
     /// Join tokens and spoke certificates, for `GET /api/v1/clusters/identity`.
     pub join_tokens: Arc<BTreeMap<String, crate::spoke_ca::JoinTokenRecord>>,
     pub spoke_certs: Arc<BTreeMap<String, crate::spoke_ca::SpokeCertRecord>>,
+    /// Burst instances (live and of this and last month), for `GET /api/v1/burst`.
+    pub bursts: Arc<Vec<crate::burst::record::BurstRecord>>,
+    /// Whether this hub bursts (`--burst`, with the spoke CA).
+    pub burst_enabled: bool,
 }
 
 /// One page of a workload list, unconverted.
@@ -156,6 +160,8 @@ impl Inner {
             tokens: self.tokens.clone(),
             join_tokens: self.join_tokens.clone(),
             spoke_certs: self.spoke_certs.clone(),
+            bursts: self.burst_snapshot.clone(),
+            burst_enabled: self.burst_cfg.is_some(),
         }
     }
 
@@ -372,6 +378,77 @@ impl ReadView {
                 }
             })
             .collect()
+    }
+
+    /// The burst instances `who` may see (their teams'; every team's for
+    /// platform admins and viewers of all), and every team's spend at `now`.
+    pub fn burst_view(&self, who: &crate::auth::Identity, now: u64) -> api::BurstView {
+        use crate::burst::ledger::Month;
+        let month = Month::of_ms(now);
+        let admin = crate::auth::is_platform_admin(&self.policy, &who.user);
+        let sees = |team: &str| admin || crate::auth::role_in(&self.policy, who, team).is_some();
+        let instances = self
+            .bursts
+            .iter()
+            .filter(|r| sees(&r.team))
+            .map(|r| api::BurstInstanceView {
+                id: r.id.clone(),
+                team: r.team.clone(),
+                provider: r.provider.clone(),
+                kind: r.kind.clone(),
+                cluster: r.cluster.clone(),
+                workload: r.workload,
+                state: r.state.name().to_string(),
+                instance_id: r.state.instance_id().map(str::to_string),
+                instance_type: r.offer.instance_type.clone(),
+                region: r.offer.region.clone(),
+                gpu_model: r.offer.gpu_model.clone(),
+                gpus: r.offer.gpus,
+                spot: r.offer.spot,
+                price_per_hour_micro_usd: r.offer.price_per_hour.micros(),
+                reserved_micro_usd: r.reserved.micros(),
+                cost_micro_usd: r.settled.unwrap_or_else(|| r.cost_until(now)).micros(),
+                settled: r.settled.is_some(),
+                created_at_ms: r.created_at_ms,
+                launched_at_ms: r.launched_at_ms,
+                joined_at_ms: r.joined_at_ms,
+                ended_at_ms: r.ended_at_ms,
+                note: r.note.clone(),
+            })
+            .collect();
+        let teams = self
+            .policy
+            .teams
+            .values()
+            .map(|t| {
+                let mut committed = axle_policy::Usd::ZERO;
+                let mut spent = axle_policy::Usd::ZERO;
+                let mut by_provider: BTreeMap<String, u64> = BTreeMap::new();
+                for r in self
+                    .bursts
+                    .iter()
+                    .filter(|r| r.team == t.name && r.month == month)
+                {
+                    committed = committed.saturating_add(r.reservation().counts());
+                    let cost = r.settled.unwrap_or_else(|| r.cost_until(now));
+                    spent = spent.saturating_add(cost);
+                    *by_provider.entry(r.provider.clone()).or_default() += cost.micros();
+                }
+                api::BurstSpendView {
+                    team: t.name.clone(),
+                    budget_micro_usd: t.burst.monthly_budget.micros(),
+                    committed_micro_usd: committed.micros(),
+                    spent_micro_usd: spent.micros(),
+                    by_provider,
+                }
+            })
+            .collect();
+        api::BurstView {
+            enabled: self.burst_enabled,
+            month: month.to_string(),
+            instances,
+            teams,
+        }
     }
 
     pub fn team_views(&self) -> Vec<api::TeamView> {

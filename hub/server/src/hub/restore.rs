@@ -103,7 +103,25 @@ pub(super) async fn load(
         spoke_certs.insert(c.fingerprint.clone(), c);
     }
     let state = State::new(policy.clone(), &Inventory::default());
+    let mut bursts = BTreeMap::new();
+    for kv in store.range(crate::burst::record::BURSTS).await? {
+        let r: crate::burst::record::BurstRecord = serde_json::from_slice(&kv.value)
+            .map_err(|e| anyhow::anyhow!("corrupt record {}: {e}", kv.key))?;
+        bursts.insert(r.id.clone(), r);
+    }
+    let ledger = crate::burst::ledger::Ledger::from_reservations(
+        bursts
+            .values()
+            .map(crate::burst::record::BurstRecord::reservation),
+    );
     Ok(Inner {
+        bursts,
+        ledger,
+        burst_rt: super::burst::BurstRuntime::default(),
+        burst_cfg: None,
+        spoke_ca: None,
+        burst_snapshot: Arc::new(Vec::new()),
+        burst_snapshot_stale: true,
         policy,
         state,
         clusters,

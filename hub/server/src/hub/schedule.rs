@@ -30,6 +30,7 @@ impl Inner {
         }
         let opts = CycleOptions {
             explain,
+            burst_headroom: self.burst_headroom(now),
             ..CycleOptions::default()
         };
         let d = cycle(&self.state, now, &opts);
@@ -143,6 +144,7 @@ impl Inner {
                 self.reasons.insert(id, Arc::new(reason));
             }
         }
+        self.burst_reconcile(&d.burst_wanted, fx, now);
         for b in d.burst_wanted {
             if self.burst_noted.insert(b.workload) {
                 let msg = format!(

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axle_policy::Milli;
+use axle_policy::{Milli, Usd};
 use axle_scheduler::{
     Allocation, ClusterInventory, Inventory, NodeInventory, Shard, State, WorkloadSpec,
 };
@@ -38,14 +38,34 @@ pub(super) fn spec_of(w: &WorkloadRecord) -> WorkloadSpec {
 
 impl Inner {
     pub(super) fn inventory(&self) -> Inventory {
-        Inventory {
+        let mut inv = Inventory {
             clusters: self
                 .clusters
                 .iter()
-                .map(|(name, c)| ClusterInventory {
+                .map(|(name, c)| {
+                    let burst = self.burst_of_cluster(name);
+                    (name, c, burst)
+                })
+                .map(|(name, c, burst)| ClusterInventory {
                     name: name.clone(),
                     region: c.region.clone(),
-                    schedulable: c.session.schedulable(),
+                    // A burst instance takes work only while Ready (not
+                    // draining or terminating), and only its team's.
+                    schedulable: c.session.schedulable()
+                        && burst.is_none_or(|b| {
+                            matches!(b.state, crate::burst::lifecycle::BurstState::Ready { .. })
+                        }),
+                    price_per_gpu_hour: match burst {
+                        Some(b) => Usd::from_micros(
+                            b.offer.price_per_hour.micros() / u64::from(b.offer.gpus.max(1)),
+                        ),
+                        None => self
+                            .policy
+                            .clusters
+                            .get(name)
+                            .map_or(Usd::ZERO, |p| p.price_per_gpu_hour),
+                    },
+                    owner_team: burst.map(|b| b.team.clone()),
                     // Jobs need an image: without a default, image-less
                     // workloads go elsewhere.
                     needs_image: c.runs_images()
@@ -79,7 +99,10 @@ impl Inner {
                         .collect(),
                 })
                 .collect(),
-        }
+        };
+        // Among clusters that fit equally, the cheaper wins.
+        inv.order_by_price();
+        inv
     }
 
     /// Maps a stored placement onto the current inventory's indices.

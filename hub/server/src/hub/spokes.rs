@@ -272,7 +272,14 @@ impl Inner {
                 Some("cluster"),
             ));
         }
-        if !self.policy.clusters.is_empty() && !self.policy.clusters.contains_key(&r.cluster) {
+        let burst = self.burst_check_register(&r);
+        if let Some(refused) = &burst {
+            refused.clone()?;
+        }
+        if burst.is_none()
+            && !self.policy.clusters.is_empty()
+            && !self.policy.clusters.contains_key(&r.cluster)
+        {
             return Err(HubError::PermissionDenied(format!(
                 "cluster {:?} is not declared in the policy (known: {}); add a Cluster document first",
                 r.cluster,
@@ -370,6 +377,9 @@ impl Inner {
         ));
         self.rebuild(fx, now);
         self.reconcile_running(&r.cluster, &r.running, true, fx, now);
+        if burst.is_some() {
+            self.burst_joined(&r.cluster, fx, now);
+        }
         Ok(())
     }
 

@@ -14,6 +14,8 @@ use super::{Command, Hub, TICK_MS};
 pub struct HubTasks {
     applier: JoinHandle<()>,
     ticker: JoinHandle<()>,
+    /// The burst worker, when the hub bursts.
+    pub(super) burst: Option<JoinHandle<()>>,
 }
 
 pub(super) fn spawn(hub: Arc<Hub>, rx: mpsc::Receiver<Command>) -> HubTasks {
@@ -30,7 +32,11 @@ pub(super) fn spawn(hub: Arc<Hub>, rx: mpsc::Receiver<Command>) -> HubTasks {
             }
         }
     });
-    HubTasks { applier, ticker }
+    HubTasks {
+        applier,
+        ticker,
+        burst: None,
+    }
 }
 
 impl HubTasks {
@@ -59,6 +65,9 @@ impl HubTasks {
     pub fn abort(&self) {
         self.applier.abort();
         self.ticker.abort();
+        if let Some(b) = &self.burst {
+            b.abort();
+        }
     }
 }
 
@@ -72,6 +81,7 @@ mod tests {
         let mut tasks = HubTasks {
             applier: tokio::spawn(async { panic!("store invariant broken") }),
             ticker: tokio::spawn(std::future::pending()),
+            burst: None,
         };
         let why = tokio::time::timeout(std::time::Duration::from_secs(1), tasks.failed())
             .await
@@ -87,6 +97,7 @@ mod tests {
         let mut tasks = HubTasks {
             applier: tokio::spawn(std::future::pending()),
             ticker: tokio::spawn(async {}),
+            burst: None,
         };
         assert_eq!(tasks.failed().await, "the hub's ticker task stopped");
     }

@@ -65,6 +65,7 @@ async fn start_hub(clock: Clock) -> (Arc<Hub>, HubTasks, tempfile::TempDir) {
             spoke_ca: None,
             spoke_cert_ttl_ms: 0,
             oidc: None,
+            burst: None,
         },
     )
     .await
@@ -101,6 +102,7 @@ impl Core {
             spoke_ca: None,
             spoke_cert_ttl_ms: 0,
             oidc: None,
+            burst: None,
         };
         let mut core = Core {
             inner,
