@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 pub mod ha;
 pub mod kube;
+pub mod lambda_fake;
 
 use axle_proto::api::{ClusterView, EventView, LogsView, SubmitRequest, WorkloadView};
 use serde_json::Value;

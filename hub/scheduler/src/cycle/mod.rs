@@ -117,7 +117,18 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
             let skip = !opts.explain && w.global_free == 0 && !w.may_preempt(team, class);
             if skip {
                 // Nothing is free and this group cannot make room: nothing
-                // else in this group can be placed this cycle.
+                // else in this group can be placed this cycle — on-prem is
+                // full, which is when a burst is wanted.
+                maybe_burst(
+                    state,
+                    opts,
+                    spec,
+                    team,
+                    class_info.burst_allowed,
+                    &PendingReason::NotEvaluated,
+                    now_ms,
+                    &mut out,
+                );
                 continue;
             }
 

@@ -673,6 +673,16 @@ impl Inner {
                 BurstState::Joining { .. } => {
                     let since = r.launched_at_ms.unwrap_or(r.created_at_ms);
                     if now.saturating_sub(since) >= doc.join_timeout_s * 1000 {
+                        // An image or network that keeps spokes from joining
+                        // would fail again: the offer rests like one without capacity.
+                        self.burst_rt.cooldown.insert(
+                            (
+                                r.provider.clone(),
+                                r.offer.instance_type.clone(),
+                                r.offer.region.clone(),
+                            ),
+                            now + CAPACITY_COOLDOWN_MS,
+                        );
                         self.burst_step(&id, BurstEvent::JoinTimedOut);
                         self.burst_terminate(
                             &id,
@@ -840,9 +850,11 @@ impl Inner {
                 Some("nodes"),
             )))
         };
+        // Launching too: the instance's spoke may call before the launch's
+        // answer is recorded.
         if !matches!(
             b.state,
-            BurstState::Joining { .. } | BurstState::Ready { .. }
+            BurstState::Launching | BurstState::Joining { .. } | BurstState::Ready { .. }
         ) {
             return Some(Err(super::HubError::PermissionDenied(format!(
                 "burst cluster {} is {}: it takes no spoke",
@@ -876,6 +888,12 @@ impl Inner {
         let Some(id) = self.burst_of_cluster(cluster).map(|r| r.id.clone()) else {
             return;
         };
+        if self.bursts[&id].state == BurstState::Launching {
+            // Ready once the launch's answer names the instance.
+            self.bursts.get_mut(&id).expect("exists").joined_at_ms = Some(now);
+            self.save_burst(fx, &id);
+            return;
+        }
         if self.burst_step(&id, BurstEvent::Joined) {
             let r = self.bursts.get_mut(&id).expect("exists");
             r.joined_at_ms = Some(now);
@@ -1013,6 +1031,11 @@ impl Inner {
                         },
                     );
                     self.save_burst(fx, id);
+                    if r.joined_at_ms.is_some() && self.burst_step(id, BurstEvent::Joined) {
+                        // Its spoke registered before this answer came.
+                        self.rebuild(fx, now);
+                        self.changed();
+                    }
                     self.event(
                         fx,
                         now,

@@ -1,0 +1,559 @@
+//! Cloud burst end to end, with the binaries: a hub (`--burst`, TLS from its
+//! own CA), an on-prem spoke that joins with a join token, and a loopback
+//! fake of Lambda Cloud's API (every request and answer checked against the
+//! saved OpenAPI spec) whose instances "boot" by running their user-data —
+//! which starts a real `axle-spoke` with its one-time join token.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axle_e2e::lambda_fake::{FakeLambda, FakeType, KEY};
+use axle_e2e::{Ports, bin, bin_dir, install_crypto};
+use serde_json::{Value, json};
+
+struct Killed(Vec<Child>);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+const POLICY: &str = r#"
+apiVersion: axle.dev/v1
+kind: Settings
+metadata: {name: default}
+spec:
+  burstWaitThresholdSeconds: 1
+  defaultBurstRuntimeSeconds: 600
+  spokeLostAfterSeconds: 30
+  platformAdmins: [platform-admin]
+---
+apiVersion: axle.dev/v1
+kind: Cluster
+metadata: {name: onprem}
+spec:
+  region: us-east-1
+  priceUsdPerGpuHour: 1.1
+  nodes:
+    - {count: 1, gpuModel: H100, gpusPerNode: 1, gpuMemoryGb: 80}
+---
+apiVersion: axle.dev/v1
+kind: Team
+metadata: {name: vision}
+spec:
+  quotas:
+    H100: {guaranteed: 1, limit: 4}
+  burst:
+    budgetUsdPerMonth: 50
+    providers: [lambda-us]
+    regions: [us-east-1]
+---
+apiVersion: axle.dev/v1
+kind: BurstProvider
+metadata: {name: lambda-us}
+spec:
+  type: lambda
+  regions: [us-east-1]
+  gpuModels: [H100]
+  maxInstances: 4
+  joinTimeoutSeconds: 8
+  idleTimeoutSeconds: 2
+"#;
+
+struct Env {
+    dir: tempfile::TempDir,
+    http: reqwest::Client,
+    base: String,
+    grpc: u16,
+    procs: Killed,
+}
+
+impl Env {
+    async fn get(&self, path: &str) -> Value {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        r.json().await.unwrap()
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn submit(&self, name: &str, command: &str, burst: bool, max_runtime_s: u64) -> u64 {
+        let (status, v) = self
+            .post(
+                "/api/v1/workloads",
+                json!({
+                    "team": "vision", "name": name, "gpus": 1.0, "gpu_model": "H100",
+                    "priority": "training", "command": ["sh", "-c", command],
+                    "burst_allowed": burst, "max_runtime_s": max_runtime_s,
+                }),
+            )
+            .await;
+        assert!(status < 300, "submit {name}: {status} {v}");
+        v["id"].as_u64().unwrap()
+    }
+
+    async fn workload(&self, id: u64) -> Value {
+        self.get(&format!("/api/v1/workloads/{id}")).await
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("hub.log")).unwrap_or_default()
+    }
+
+    async fn events(&self, kind: &str) -> Vec<Value> {
+        let v = self.get("/api/v1/events?tail=1000").await;
+        v.as_array()
+            .or_else(|| v["events"].as_array())
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e["kind"] == kind)
+            .collect()
+    }
+}
+
+async fn wait<T>(what: &str, env: &Env, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if Instant::now() > deadline {
+            let events = env.get("/api/v1/events?tail=60").await;
+            let lines: Vec<String> = events
+                .as_array()
+                .or_else(|| events["events"].as_array())
+                .into_iter()
+                .flatten()
+                .map(|e| format!("{} {}", e["kind"], e["message"]))
+                .collect();
+            panic!(
+                "timed out waiting for {what}\n--- events ---\n{}\n--- burst ---\n{}\n--- hub log ---\n{}",
+                lines.join("\n"),
+                env.get("/api/v1/burst").await,
+                env.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs a launched instance's user-data with `sh`, as cloud-init would; its
+/// spoke keeps its identity in `dir/<instance id>`.
+fn booter(
+    dir: PathBuf,
+    boot: Arc<Mutex<bool>>,
+    machines: Arc<Mutex<Vec<Child>>>,
+    hub_tag: Arc<Mutex<String>>,
+) -> impl Fn(&axle_e2e::lambda_fake::Launched) + Send + Sync {
+    move |l| {
+        if let Some(t) = l.tags.get("axle-hub") {
+            *hub_tag.lock().unwrap() = t.clone();
+        }
+        if !*boot.lock().unwrap() {
+            return;
+        }
+        let data = dir.join(&l.id);
+        let log = std::fs::File::create(dir.join(format!("{}.log", l.id))).unwrap();
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(&l.user_data)
+            .env("AXLE_DATA_DIR", &data)
+            .env_remove("AXLE_JOIN_TOKEN")
+            .env_remove("AXLE_CA_FILE")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("boot the instance");
+        machines.lock().unwrap().push(child);
+    }
+}
+
+async fn start(fake: &FakeLambda) -> Env {
+    install_crypto();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy");
+    std::fs::create_dir_all(&policy).unwrap();
+    std::fs::write(policy.join("policy.yaml"), POLICY).unwrap();
+    let data = dir.path().join("hub");
+    let ports = Ports::free();
+    let log = std::fs::File::create(dir.path().join("hub.log")).unwrap();
+    let hub = Command::new(bin("axle-hub"))
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--http", &format!("127.0.0.1:{}", ports.http)])
+        .args(["--grpc", &format!("127.0.0.1:{}", ports.grpc)])
+        .args(["--auth", "none", "--burst", "--burst-list-every-s", "1"])
+        .args(["--burst-orphan-grace-s", "2", "--burst-spoke-command"])
+        .arg(bin("axle-spoke"))
+        .env("LAMBDA_API_KEY", KEY)
+        .env("LAMBDA_SSH_KEY_NAME", "axle-ops")
+        .env("AXLE_BURST_ENDPOINT_LAMBDA_US", fake.url())
+        .env("RUST_LOG", "info")
+        .env_remove("AXLE_SPOKE_TOKEN")
+        .env_remove("AXLE_STORE")
+        .env_remove("AXLE_INSECURE_NO_TLS")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start axle-hub");
+    let ca_path = data.join("spoke-ca.pem");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ca_path.exists() {
+        assert!(Instant::now() < deadline, "the hub wrote no spoke-ca.pem");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&ca_path).unwrap()).unwrap();
+    let http = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let env = Env {
+        dir,
+        http,
+        base: format!("https://127.0.0.1:{}", ports.http),
+        grpc: ports.grpc,
+        procs: Killed(vec![hub]),
+    };
+    wait("the hub's API", &env, 30, async || {
+        env.http
+            .get(format!("{}/healthz", env.base))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success())
+    })
+    .await;
+    env
+}
+
+/// The on-prem spoke: one H100, joined with a join token.
+async fn onprem_spoke(env: &mut Env) {
+    let (status, v) = env
+        .post("/api/v1/clusters/onprem/join-tokens", json!({}))
+        .await;
+    assert!(status < 300, "{status} {v}");
+    let token = v["token"].as_str().expect("a join token").to_string();
+    let log = std::fs::File::create(env.dir.path().join("onprem.log")).unwrap();
+    let spoke = Command::new(bin("axle-spoke"))
+        .args(["--hub", &format!("https://127.0.0.1:{}", env.grpc)])
+        .args([
+            "--cluster",
+            "onprem",
+            "--region",
+            "us-east-1",
+            "--gpus",
+            "1xH100:80GB",
+        ])
+        .arg("--data-dir")
+        .arg(env.dir.path().join("onprem"))
+        .args(["--join-token", &token])
+        .env_remove("AXLE_CA_FILE")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    env.procs.0.push(spoke);
+    wait("the on-prem spoke", env, 30, async || {
+        let cs = env.get("/api/v1/clusters").await;
+        cs.as_array()?
+            .iter()
+            .any(|c| c["name"] == "onprem" && c["state"] == "Ready")
+            .then_some(())
+    })
+    .await;
+}
+
+fn micro(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_prem_full_bursts_to_the_cheapest_offer_runs_and_settles_to_the_second() {
+    assert!(
+        bin_dir().join("axle-spoke").exists(),
+        "build the workspace first"
+    );
+    let fake = FakeLambda::start(vec![
+        FakeType {
+            name: "gpu_1x_h100_sxm5".into(),
+            gpu_description: "H100 (80 GB SXM5)".into(),
+            gpus: 1,
+            cents_per_hour: 199,
+            regions: vec!["us-east-1".into()],
+        },
+        FakeType {
+            name: "gpu_1x_h100_pcie".into(),
+            gpu_description: "H100 (80 GB PCIe)".into(),
+            gpus: 1,
+            cents_per_hour: 249,
+            regions: vec!["us-east-1".into()],
+        },
+        // Cheaper, but in a region the team's data may not go to.
+        FakeType {
+            name: "gpu_1x_h100_eu".into(),
+            gpu_description: "H100 (80 GB PCIe)".into(),
+            gpus: 1,
+            cents_per_hour: 99,
+            regions: vec!["europe-central-1".into()],
+        },
+    ])
+    .await;
+    // The cheapest in-region offer has no capacity when launched.
+    fake.refuse_launches_of("gpu_1x_h100_sxm5");
+    let machines = Arc::new(Mutex::new(Vec::new()));
+    let boot = Arc::new(Mutex::new(true));
+    let mut env = start(&fake).await;
+    let hub_tag = Arc::new(Mutex::new(String::new()));
+    fake.on_launch(booter(
+        env.dir.path().to_path_buf(),
+        boot.clone(),
+        machines.clone(),
+        hub_tag.clone(),
+    ));
+    let _machines = scopeguard(machines.clone());
+    onprem_spoke(&mut env).await;
+
+    // The on-prem GPU is taken; the next workload may burst.
+    let blocker = env.submit("blocker", "sleep 120", false, 600).await;
+    wait("the blocker to run on-prem", &env, 30, async || {
+        let w = env.workload(blocker).await;
+        (w["state"] == "Running" && w["cluster"] == "onprem").then_some(())
+    })
+    .await;
+    let submitted = Instant::now();
+    let bursty = env.submit("bursty", "sleep 2", true, 600).await;
+    let w = wait("the burst workload to succeed", &env, 60, async || {
+        let w = env.workload(bursty).await;
+        (w["state"] == "Succeeded").then_some(w)
+    })
+    .await;
+    let cluster = w["cluster"].as_str().unwrap_or_default().to_string();
+    assert!(cluster.starts_with("burst-lambda-us-"), "{w}");
+    let done_s = submitted.elapsed().as_secs_f64();
+
+    // Capacity fell through to the next-cheapest in-region offer; the EU one was never tried.
+    assert_eq!(
+        fake.capacity_errors(),
+        1,
+        "the SXM5 launch was refused once"
+    );
+    let view = env.get("/api/v1/burst").await;
+    let instances = view["instances"].as_array().unwrap().clone();
+    let failed: Vec<&Value> = instances
+        .iter()
+        .filter(|i| i["state"] == "failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{view}");
+    assert_eq!(failed[0]["instance_type"], "gpu_1x_h100_sxm5");
+    assert_eq!(
+        micro(&failed[0]["cost_micro_usd"]),
+        0,
+        "a launch that failed costs nothing"
+    );
+    let ran = instances
+        .iter()
+        .find(|i| i["cluster"] == cluster.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(ran["instance_type"], "gpu_1x_h100_pcie");
+    assert_eq!(ran["region"], "us-east-1");
+    assert!(
+        instances.iter().all(|i| i["region"] == "us-east-1"),
+        "data residency: {view}"
+    );
+
+    // Idle for 2 s after its work: terminated, and the spend settled to the second.
+    let id = ran["id"].as_str().unwrap().to_string();
+    let settled = wait(
+        "the instance to be terminated and settled",
+        &env,
+        30,
+        async || {
+            let v = env.get("/api/v1/burst").await;
+            v["instances"]
+                .as_array()?
+                .iter()
+                .find(|i| {
+                    i["id"] == id.as_str() && i["state"] == "terminated" && i["settled"] == true
+                })
+                .cloned()
+        },
+    )
+    .await;
+    assert!(
+        fake.instances().is_empty(),
+        "nothing left running at the provider: {:?}",
+        fake.instances()
+    );
+    let launched = micro(&settled["launched_at_ms"]);
+    let joined = micro(&settled["joined_at_ms"]);
+    let ended = micro(&settled["ended_at_ms"]);
+    let seconds = (ended - launched).div_ceil(1000);
+    let price = micro(&settled["price_per_hour_micro_usd"]);
+    assert_eq!(price, 2_490_000);
+    let expected = (u128::from(price) * u128::from(seconds)).div_ceil(3600) as u64;
+    let cost = micro(&settled["cost_micro_usd"]);
+    assert_eq!(cost, expected, "{seconds} s at $2.49/h: {settled}");
+    assert!(cost <= micro(&settled["reserved_micro_usd"]));
+    let team = view_team(&env.get("/api/v1/burst").await, "vision");
+    assert_eq!(micro(&team["spent_micro_usd"]), cost);
+    assert_eq!(
+        micro(&team["committed_micro_usd"]),
+        cost,
+        "the rest was released"
+    );
+    eprintln!(
+        "FIGURES burst: submit-to-succeeded {done_s:.1} s; launch-to-joined {} ms (Lambda paces launches 10 s apart, after the refused one); instance lived {seconds} s, settled {cost} micro-USD; capacity errors 1",
+        joined - launched
+    );
+
+    // A workload whose reservation the budget cannot hold does not launch, and says why.
+    let launches = fake.launches();
+    let big = env.submit("big", "sleep 1", true, 100 * 3600).await;
+    let reason = wait("the budget reason", &env, 30, async || {
+        let w = env.workload(big).await;
+        let r = w["pending_reason"].as_str().unwrap_or_default().to_string();
+        r.contains("burst budget").then_some(r)
+    })
+    .await;
+    assert!(
+        reason.contains("team vision burst budget")
+            && reason.contains("of $50.00 used")
+            && reason.contains("this needs"),
+        "{reason}"
+    );
+    assert_eq!(
+        fake.launches(),
+        launches,
+        "nothing launched past the budget"
+    );
+    env.http
+        .delete(format!("{}/api/v1/workloads/{big}", env.base))
+        .send()
+        .await
+        .unwrap();
+
+    // An instance whose spoke never joins is terminated after the join timeout.
+    *boot.lock().unwrap() = false;
+    let silent = env.submit("silent", "sleep 1", true, 600).await;
+    let t0 = Instant::now();
+    wait("a launch that never joins", &env, 30, async || {
+        (fake.launches() > launches).then_some(())
+    })
+    .await;
+    let note = wait(
+        "the unjoined instance to be terminated",
+        &env,
+        40,
+        async || {
+            let v = env.get("/api/v1/burst").await;
+            v["instances"].as_array()?.iter().find_map(|i| {
+                (i["workload"] == silent && i["state"] == "terminated")
+                    .then(|| i["note"].as_str().unwrap_or_default().to_string())
+            })
+        },
+    )
+    .await;
+    assert!(note.contains("did not join within 8 s"), "{note}");
+    eprintln!(
+        "FIGURES burst: never-joined instance terminated {:.1} s after its launch",
+        t0.elapsed().as_secs_f64()
+    );
+    env.http
+        .delete(format!("{}/api/v1/workloads/{silent}", env.base))
+        .send()
+        .await
+        .unwrap();
+
+    // An instance with this hub's tags that no burst claims is reaped after the grace period.
+    let hub_tag = hub_tag.lock().unwrap().clone();
+    assert_eq!(hub_tag.len(), 16, "launches carry this hub's tag");
+    let orphan = fake.seed(
+        "gpu_1x_h100_pcie",
+        "us-east-1",
+        &[
+            ("axle-managed-by", "axle"),
+            ("axle-hub", &hub_tag),
+            ("axle-burst-id", "0000deadbeef"),
+        ],
+    );
+    // Someone else's instance in the same account is left alone.
+    let theirs = fake.seed("gpu_1x_h100_pcie", "us-east-1", &[("team", "ml")]);
+    wait("the orphan to be terminated", &env, 30, async || {
+        let ids: Vec<String> = fake.instances().into_iter().map(|i| i.0).collect();
+        (!ids.contains(&orphan)).then_some(())
+    })
+    .await;
+    let reaped = wait("the reaper's event", &env, 10, async || {
+        let e = env.events("burst_orphan_terminated").await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    assert!(
+        reaped[0]["message"].as_str().unwrap().contains(&orphan),
+        "{reaped:?}"
+    );
+    let left: Vec<String> = fake.instances().into_iter().map(|i| i.0).collect();
+    assert_eq!(left, vec![theirs], "only the other team's instance is left");
+
+    // Every spend stays within the budget, checked against the provider's own list.
+    let view = env.get("/api/v1/burst").await;
+    let team = view_team(&view, "vision");
+    assert!(micro(&team["committed_micro_usd"]) <= micro(&team["budget_micro_usd"]));
+    let live: Vec<&Value> = view["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["state"] != "terminated" && i["state"] != "failed")
+        .collect();
+    assert!(live.is_empty(), "no live bursts at the end: {view}");
+    fake.assert_clean();
+}
+
+fn view_team(view: &Value, team: &str) -> Value {
+    view["teams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["team"] == team)
+        .cloned()
+        .unwrap()
+}
+
+fn scopeguard(m: Arc<Mutex<Vec<Child>>>) -> impl Drop {
+    struct G(Arc<Mutex<Vec<Child>>>);
+    impl Drop for G {
+        fn drop(&mut self) {
+            for c in self.0.lock().unwrap().iter_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    G(m)
+}
