@@ -71,9 +71,59 @@ struct Env {
     base: String,
     grpc: u16,
     procs: Killed,
+    ports: Ports,
+    fake_url: String,
+}
+
+fn spawn_hub(dir: &std::path::Path, ports: Ports, fake_url: &str) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("hub.log"))
+        .unwrap();
+    Command::new(bin("axle-hub"))
+        .arg("--policy")
+        .arg(dir.join("policy"))
+        .arg("--data-dir")
+        .arg(dir.join("hub"))
+        .args(["--http", &format!("127.0.0.1:{}", ports.http)])
+        .args(["--grpc", &format!("127.0.0.1:{}", ports.grpc)])
+        .args(["--auth", "none", "--burst", "--burst-list-every-s", "1"])
+        .args(["--burst-orphan-grace-s", "2", "--burst-spoke-command"])
+        .arg(bin("axle-spoke"))
+        .env("LAMBDA_API_KEY", KEY)
+        .env("LAMBDA_SSH_KEY_NAME", "axle-ops")
+        .env("AXLE_BURST_ENDPOINT_LAMBDA_US", fake_url)
+        .env("RUST_LOG", "info")
+        .env_remove("AXLE_SPOKE_TOKEN")
+        .env_remove("AXLE_STORE")
+        .env_remove("AXLE_INSECURE_NO_TLS")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start axle-hub")
 }
 
 impl Env {
+    /// Kills the hub with SIGKILL and starts it again on the same store.
+    async fn kill9_and_restart(&mut self) {
+        let mut hub = self.procs.0.remove(0);
+        let _ = hub.kill();
+        let _ = hub.wait();
+        self.procs
+            .0
+            .insert(0, spawn_hub(self.dir.path(), self.ports, &self.fake_url));
+        wait("the restarted hub", self, 30, async || {
+            self.http
+                .get(format!("{}/healthz", self.base))
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())
+        })
+        .await;
+    }
+
     async fn get(&self, path: &str) -> Value {
         let r = self
             .http
@@ -196,28 +246,7 @@ async fn start(fake: &FakeLambda) -> Env {
     std::fs::write(policy.join("policy.yaml"), POLICY).unwrap();
     let data = dir.path().join("hub");
     let ports = Ports::free();
-    let log = std::fs::File::create(dir.path().join("hub.log")).unwrap();
-    let hub = Command::new(bin("axle-hub"))
-        .arg("--policy")
-        .arg(&policy)
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--http", &format!("127.0.0.1:{}", ports.http)])
-        .args(["--grpc", &format!("127.0.0.1:{}", ports.grpc)])
-        .args(["--auth", "none", "--burst", "--burst-list-every-s", "1"])
-        .args(["--burst-orphan-grace-s", "2", "--burst-spoke-command"])
-        .arg(bin("axle-spoke"))
-        .env("LAMBDA_API_KEY", KEY)
-        .env("LAMBDA_SSH_KEY_NAME", "axle-ops")
-        .env("AXLE_BURST_ENDPOINT_LAMBDA_US", fake.url())
-        .env("RUST_LOG", "info")
-        .env_remove("AXLE_SPOKE_TOKEN")
-        .env_remove("AXLE_STORE")
-        .env_remove("AXLE_INSECURE_NO_TLS")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start axle-hub");
+    let hub = spawn_hub(dir.path(), ports, fake.url());
     let ca_path = data.join("spoke-ca.pem");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !ca_path.exists() {
@@ -238,6 +267,8 @@ async fn start(fake: &FakeLambda) -> Env {
         base: format!("https://127.0.0.1:{}", ports.http),
         grpc: ports.grpc,
         procs: Killed(vec![hub]),
+        ports,
+        fake_url: fake.url().to_string(),
     };
     wait("the hub's API", &env, 30, async || {
         env.http
@@ -556,4 +587,141 @@ fn scopeguard(m: Arc<Mutex<Vec<Child>>>) -> impl Drop {
         }
     }
     G(m)
+}
+
+fn h100_pcie() -> FakeType {
+    FakeType {
+        name: "gpu_1x_h100_pcie".into(),
+        gpu_description: "H100 (80 GB PCIe)".into(),
+        gpus: 1,
+        cents_per_hour: 249,
+        regions: vec!["us-east-1".into()],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hub_killed_mid_launch_adopts_its_instance_and_a_reclaimed_instance_requeues_its_work() {
+    assert!(
+        bin_dir().join("axle-spoke").exists(),
+        "build the workspace first"
+    );
+    let fake = FakeLambda::start(vec![h100_pcie()]).await;
+    let machines = Arc::new(Mutex::new(Vec::new()));
+    let boot = Arc::new(Mutex::new(true));
+    let hub_tag = Arc::new(Mutex::new(String::new()));
+    let mut env = start(&fake).await;
+    fake.on_launch(booter(
+        env.dir.path().to_path_buf(),
+        boot.clone(),
+        machines.clone(),
+        hub_tag.clone(),
+    ));
+    let _machines = scopeguard(machines.clone());
+    onprem_spoke(&mut env).await;
+    let blocker = env.submit("blocker", "sleep 300", false, 600).await;
+    wait("the blocker to run on-prem", &env, 30, async || {
+        let w = env.workload(blocker).await;
+        (w["state"] == "Running").then_some(())
+    })
+    .await;
+
+    // The provider makes the instance, and the hub dies before it hears so.
+    fake.hang_launches(true);
+    let long = env.submit("long", "sleep 300", true, 600).await;
+    wait("the launch to reach the provider", &env, 30, async || {
+        (fake.launches() == 1).then_some(())
+    })
+    .await;
+    env.kill9_and_restart().await;
+    fake.hang_launches(false);
+    let w = wait(
+        "the workload to run on the adopted instance",
+        &env,
+        60,
+        async || {
+            let w = env.workload(long).await;
+            (w["state"] == "Running").then_some(w)
+        },
+    )
+    .await;
+    assert!(
+        w["cluster"]
+            .as_str()
+            .unwrap()
+            .starts_with("burst-lambda-us-"),
+        "{w}"
+    );
+    assert_eq!(
+        fake.launches(),
+        1,
+        "adopted by its tag, never launched twice"
+    );
+    assert_eq!(fake.instances().len(), 1);
+    let view = env.get("/api/v1/burst").await;
+    let live: Vec<&Value> = view["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["state"] == "ready")
+        .collect();
+    assert_eq!(live.len(), 1, "one burst, one reservation: {view}");
+    let reserved = micro(&live[0]["reserved_micro_usd"]);
+    assert_eq!(
+        micro(&view_team(&view, "vision")["committed_micro_usd"]),
+        reserved,
+        "charged once"
+    );
+
+    // The provider takes the instance back (a reclaim): its work is re-queued.
+    let (instance, _, _, _, _) = fake.instances().remove(0);
+    *boot.lock().unwrap() = false;
+    fake.hang_launches(true);
+    fake.take_back(&instance);
+    wait(
+        "the reclaimed instance's work to be re-queued",
+        &env,
+        30,
+        async || {
+            let e = env.events("requeued").await;
+            e.iter().any(|e| e["workload"] == long).then_some(())
+        },
+    )
+    .await;
+    assert!(!env.events("burst_interrupted").await.is_empty());
+
+    // It wants a burst again, and the provider now takes launches and never
+    // answers. On-prem placement does not wait on it: the GPU the blocker
+    // frees goes to the waiting workload at once.
+    wait(
+        "the second launch to hang at the provider",
+        &env,
+        30,
+        async || (fake.launches() == 2).then_some(()),
+    )
+    .await;
+    let t0 = Instant::now();
+    env.http
+        .delete(format!("{}/api/v1/workloads/{blocker}", env.base))
+        .send()
+        .await
+        .unwrap();
+    wait(
+        "the waiting workload to be placed on-prem",
+        &env,
+        30,
+        async || {
+            let w = env.workload(long).await;
+            (w["cluster"] == "onprem").then_some(())
+        },
+    )
+    .await;
+    let placed_ms = t0.elapsed().as_millis();
+    let t1 = Instant::now();
+    let quick = env.submit("quick", "sleep 1", false, 600).await;
+    let submit_ms = t1.elapsed().as_millis();
+    let _ = quick;
+    eprintln!(
+        "FIGURES burst: with a launch hanging at the provider, cancel-to-placed on-prem {placed_ms} ms (includes the blocker's stop), submit answered in {submit_ms} ms"
+    );
+    fake.assert_clean();
 }

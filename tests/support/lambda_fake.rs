@@ -53,6 +53,10 @@ pub struct Launched {
 
 type Hook = Arc<dyn Fn(&Launched) + Send + Sync>;
 
+/// An instance as [`FakeLambda::instances`] shows it: (id, status, instance
+/// type, region, tags).
+pub type FakeInstance = (String, String, String, String, BTreeMap<String, String>);
+
 struct St {
     spec: openapi::Spec,
     types: serde_json::Map<String, Value>,
@@ -68,6 +72,8 @@ struct St {
     /// (a catalog is always a little stale).
     no_capacity: std::collections::BTreeSet<String>,
     capacity_errors: u32,
+    /// Launches make their instance, then never answer.
+    hang: bool,
 }
 
 pub struct FakeLambda {
@@ -121,6 +127,7 @@ impl FakeLambda {
             launches: 0,
             no_capacity: Default::default(),
             capacity_errors: 0,
+            hang: false,
         }));
         let app = Router::new()
             .route("/api/v1/instance-types", get(instance_types))
@@ -173,6 +180,12 @@ impl FakeLambda {
             .insert(instance_type.to_string());
     }
 
+    /// Launches make their instance and then hold the answer forever (a
+    /// caller killed meanwhile never learns of it); false answers again.
+    pub fn hang_launches(&self, hang: bool) {
+        self.state.lock().unwrap().hang = hang;
+    }
+
     /// Launches refused for capacity so far.
     pub fn capacity_errors(&self) -> u32 {
         self.state.lock().unwrap().capacity_errors
@@ -192,7 +205,7 @@ impl FakeLambda {
     }
 
     /// Every instance: (id, status, instance type, region, tags).
-    pub fn instances(&self) -> Vec<(String, String, String, String, BTreeMap<String, String>)> {
+    pub fn instances(&self) -> Vec<FakeInstance> {
         let st = self.state.lock().unwrap();
         st.instances
             .values()
@@ -444,6 +457,9 @@ async fn launch(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Res
     );
     if let Some((hook, l)) = boot {
         hook(&l);
+    }
+    if s.lock().unwrap().hang {
+        std::future::pending::<()>().await;
     }
     resp
 }

@@ -454,6 +454,11 @@ impl Inner {
         let Some(doc) = policy.burst_providers.get(&r.provider) else {
             return;
         };
+        if let Some(&at) = self.burst_rt.in_flight.get(&launch_key(id))
+            && now.saturating_sub(at) < IN_FLIGHT_STALE_MS
+        {
+            return;
+        }
         let ttl_ms = doc.join_timeout_s.saturating_mul(1000).max(60_000);
         let token = match self.mint_join_token(&ca, &r.cluster, ttl_ms, "burst", fx, now) {
             Ok((_, token)) => token,
