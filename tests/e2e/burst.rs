@@ -13,6 +13,10 @@ use axle_e2e::lambda_fake::{FakeLambda, FakeType, KEY};
 use axle_e2e::{Ports, bin, bin_dir, install_crypto};
 use serde_json::{Value, json};
 
+/// The scenarios run one at a time: each starts a hub and spokes, and on two
+/// cores a parallel one would starve it past its timeouts.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 struct Killed(Vec<Child>);
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -72,10 +76,10 @@ struct Env {
     grpc: u16,
     procs: Killed,
     ports: Ports,
-    fake_url: String,
+    envs: Vec<(String, String)>,
 }
 
-fn spawn_hub(dir: &std::path::Path, ports: Ports, fake_url: &str) -> Child {
+fn spawn_hub(dir: &std::path::Path, ports: Ports, envs: &[(String, String)]) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -91,9 +95,7 @@ fn spawn_hub(dir: &std::path::Path, ports: Ports, fake_url: &str) -> Child {
         .args(["--auth", "none", "--burst", "--burst-list-every-s", "1"])
         .args(["--burst-orphan-grace-s", "2", "--burst-spoke-command"])
         .arg(bin("axle-spoke"))
-        .env("LAMBDA_API_KEY", KEY)
-        .env("LAMBDA_SSH_KEY_NAME", "axle-ops")
-        .env("AXLE_BURST_ENDPOINT_LAMBDA_US", fake_url)
+        .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .env("RUST_LOG", "info")
         .env_remove("AXLE_SPOKE_TOKEN")
         .env_remove("AXLE_STORE")
@@ -112,7 +114,7 @@ impl Env {
         let _ = hub.wait();
         self.procs
             .0
-            .insert(0, spawn_hub(self.dir.path(), self.ports, &self.fake_url));
+            .insert(0, spawn_hub(self.dir.path(), self.ports, &self.envs));
         wait("the restarted hub", self, 30, async || {
             self.http
                 .get(format!("{}/healthz", self.base))
@@ -239,14 +241,29 @@ fn booter(
 }
 
 async fn start(fake: &FakeLambda) -> Env {
+    let envs = [
+        ("LAMBDA_API_KEY", KEY),
+        ("LAMBDA_SSH_KEY_NAME", "axle-ops"),
+        ("AXLE_BURST_ENDPOINT_LAMBDA_US", fake.url()),
+    ];
+    start_with(
+        POLICY,
+        envs.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+    .await
+}
+
+async fn start_with(policy_yaml: &str, envs: Vec<(String, String)>) -> Env {
     install_crypto();
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("policy");
     std::fs::create_dir_all(&policy).unwrap();
-    std::fs::write(policy.join("policy.yaml"), POLICY).unwrap();
+    std::fs::write(policy.join("policy.yaml"), policy_yaml).unwrap();
     let data = dir.path().join("hub");
     let ports = Ports::free();
-    let hub = spawn_hub(dir.path(), ports, fake.url());
+    let hub = spawn_hub(dir.path(), ports, &envs);
     let ca_path = data.join("spoke-ca.pem");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !ca_path.exists() {
@@ -268,7 +285,7 @@ async fn start(fake: &FakeLambda) -> Env {
         grpc: ports.grpc,
         procs: Killed(vec![hub]),
         ports,
-        fake_url: fake.url().to_string(),
+        envs,
     };
     wait("the hub's API", &env, 30, async || {
         env.http
@@ -284,6 +301,10 @@ async fn start(fake: &FakeLambda) -> Env {
 
 /// The on-prem spoke: one H100, joined with a join token.
 async fn onprem_spoke(env: &mut Env) {
+    onprem_spoke_with(env, "1xH100:80GB").await
+}
+
+async fn onprem_spoke_with(env: &mut Env, gpus: &str) {
     let (status, v) = env
         .post("/api/v1/clusters/onprem/join-tokens", json!({}))
         .await;
@@ -298,7 +319,7 @@ async fn onprem_spoke(env: &mut Env) {
             "--region",
             "us-east-1",
             "--gpus",
-            "1xH100:80GB",
+            gpus,
         ])
         .arg("--data-dir")
         .arg(env.dir.path().join("onprem"))
@@ -325,6 +346,7 @@ fn micro(v: &Value) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn on_prem_full_bursts_to_the_cheapest_offer_runs_and_settles_to_the_second() {
+    let _serial = SERIAL.lock().await;
     assert!(
         bin_dir().join("axle-spoke").exists(),
         "build the workspace first"
@@ -601,6 +623,7 @@ fn h100_pcie() -> FakeType {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hub_killed_mid_launch_adopts_its_instance_and_a_reclaimed_instance_requeues_its_work() {
+    let _serial = SERIAL.lock().await;
     assert!(
         bin_dir().join("axle-spoke").exists(),
         "build the workspace first"
@@ -724,4 +747,291 @@ async fn a_hub_killed_mid_launch_adopts_its_instance_and_a_reclaimed_instance_re
         "FIGURES burst: with a launch hanging at the provider, cancel-to-placed on-prem {placed_ms} ms (includes the blocker's stop), submit answered in {submit_ms} ms"
     );
     fake.assert_clean();
+}
+
+/// `moto_server` (PyPI `moto[server]`, installed by `scripts/prereqs.sh test`)
+/// on a free loopback port, killed when dropped.
+struct Moto(Child, u16);
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn moto() -> Moto {
+    let port = axle_e2e::free_port();
+    let child = Command::new("moto_server")
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("moto_server (pip install 'moto[server]'; scripts/prereqs.sh test installs it)");
+    let m = Moto(child, port);
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return m;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("moto_server did not start on port {port}");
+}
+
+const TEAMS: usize = 5;
+const PER_TEAM: usize = 40;
+
+fn fleet_policy() -> String {
+    let mut p = String::from(
+        r#"
+apiVersion: axle.dev/v1
+kind: Settings
+metadata: {name: default}
+spec:
+  burstWaitThresholdSeconds: 1
+  defaultBurstRuntimeSeconds: 600
+  platformAdmins: [platform-admin]
+---
+apiVersion: axle.dev/v1
+kind: BurstProvider
+metadata: {name: aws-us}
+spec:
+  type: aws
+  regions: [us-east-1]
+  instanceTypes: [g5.xlarge]
+  gpuModels: [A10G]
+  maxInstances: 1000
+  prices:
+    g5.xlarge: {onDemand: 1.006}
+  images: {us-east-1: ami-axle-spoke}
+  joinTimeoutSeconds: 600
+  idleTimeoutSeconds: 2
+---
+apiVersion: axle.dev/v1
+kind: Cluster
+metadata: {name: onprem}
+spec:
+  region: us-east-1
+  nodes:
+    - {count: 1, gpuModel: A10G, gpusPerNode: 1, gpuMemoryGb: 24}
+"#,
+    );
+    for t in 0..TEAMS {
+        p.push_str(&format!(
+            r#"---
+apiVersion: axle.dev/v1
+kind: Team
+metadata: {{name: team-{t}}}
+spec:
+  quotas:
+    A10G: {{guaranteed: 0, limit: 100}}
+  burst:
+    budgetUsdPerMonth: {budget}
+    providers: [aws-us]
+"#,
+            budget = 2 + t
+        ));
+    }
+    p
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hundred_burst_wishes_across_five_teams_never_pass_a_budget_by_a_cent() {
+    let _serial = SERIAL.lock().await;
+    let moto = moto().await;
+    let endpoint = format!("http://127.0.0.1:{}", moto.1);
+    let envs: Vec<(String, String)> = [
+        ("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE"),
+        ("AWS_SECRET_ACCESS_KEY", "dummy-secret"),
+        ("AWS_REGION", "us-east-1"),
+        ("AXLE_BURST_ENDPOINT_AWS_US", endpoint.as_str()),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let mut env = start_with(&fleet_policy(), envs).await;
+    onprem_spoke_with(&mut env, "1xA10G:24GB").await;
+    let (status, v) = env
+        .post(
+            "/api/v1/workloads",
+            json!({
+                "team": "team-4", "name": "on-prem", "gpus": 1.0, "gpu_model": "A10G",
+                "priority": "training", "command": ["sleep", "600"],
+            }),
+        )
+        .await;
+    assert!(status < 300, "{status} {v}");
+    // All at once, from many clients, with on-prem full: every one wants a burst.
+    let t0 = Instant::now();
+    let env = Arc::new(env);
+    let mut ids = Vec::new();
+    let mut tasks = Vec::new();
+    for t in 0..TEAMS {
+        for i in 0..PER_TEAM {
+            let env = env.clone();
+            tasks.push(tokio::spawn(async move {
+                let (status, v) = env
+                    .post(
+                        "/api/v1/workloads",
+                        json!({
+                            "team": format!("team-{t}"), "name": format!("w{t}-{i}"),
+                            "gpus": 1.0, "gpu_model": "A10G", "priority": "training",
+                            "command": ["sleep", "600"], "burst_allowed": true,
+                            "max_runtime_s": 600,
+                        }),
+                    )
+                    .await;
+                assert!(status < 300, "{status} {v}");
+                v["id"].as_u64().unwrap()
+            }));
+        }
+    }
+    for t in tasks {
+        ids.push(t.await.unwrap());
+    }
+    // g5.xlarge at $1.006/h, reserved for 600 s + 2 s idle: $0.168226 each,
+    // so team-t's budget of $(2+t) holds floor((2+t) / 0.168226) launches.
+    let per = 168_226u64;
+    let expected: Vec<u64> = (0..TEAMS as u64)
+        .map(|t| (2 + t) * 1_000_000 / per)
+        .collect();
+    let want: u64 = expected.iter().sum();
+    let view = wait("every budget to fill", &env, 120, async || {
+        let v = env.get("/api/v1/burst").await;
+        let live = v["instances"]
+            .as_array()?
+            .iter()
+            .filter(|i| i["state"] == "joining")
+            .count() as u64;
+        (live == want).then_some(v)
+    })
+    .await;
+    let filled_s = t0.elapsed().as_secs_f64();
+    // A little longer: nothing more launches.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let view2 = env.get("/api/v1/burst").await;
+    let live_of = |v: &Value| {
+        v["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["state"] != "failed" && i["state"] != "terminated")
+            .count()
+    };
+    let states: Vec<String> = view2["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["state"] != "joining")
+        .map(|i| format!("{} {} {}", i["team"], i["state"], i["note"]))
+        .collect();
+    assert_eq!(
+        live_of(&view),
+        live_of(&view2),
+        "nothing launched past the budgets: {states:?}"
+    );
+    // The provider's own list: every instance Axle launched, by team.
+    let aws = axle_burst::aws::Aws::new(axle_burst::aws::AwsConfig {
+        regions: vec!["us-east-1".into()],
+        prices: Default::default(),
+        image_ids: Default::default(),
+        endpoint: Some(endpoint.clone()),
+        credentials: Some((
+            axle_burst::credentials::Secret::new("AKIDEXAMPLE"),
+            axle_burst::credentials::Secret::new("dummy-secret"),
+        )),
+    })
+    .await
+    .unwrap();
+    use axle_burst::Provider;
+    let listed = aws.list(axle_burst::TAG_MANAGED_BY, "axle").await.unwrap();
+    let team_of: std::collections::BTreeMap<String, String> = view2["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["id"].as_str().unwrap().to_string(),
+                i["team"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let mut running = [0u64; TEAMS];
+    for i in listed
+        .iter()
+        .filter(|i| i.state != axle_burst::InstanceState::Terminated)
+    {
+        let bid = &i.tags[axle_burst::TAG_BURST_ID];
+        let team = team_of
+            .get(bid)
+            .unwrap_or_else(|| panic!("an orphan: {i:?}"));
+        let t: usize = team.trim_start_matches("team-").parse().unwrap();
+        running[t] += 1;
+    }
+    let mut over_cents = 0i64;
+    for t in 0..TEAMS {
+        let spend = view_team(&view2, &format!("team-{t}"));
+        let budget = micro(&spend["budget_micro_usd"]);
+        let committed = micro(&spend["committed_micro_usd"]);
+        // What the provider runs for the team, at the reserved window.
+        let at_provider = running[t] * per;
+        over_cents = over_cents.max((committed as i64 - budget as i64) / 10_000);
+        over_cents = over_cents.max((at_provider as i64 - budget as i64) / 10_000);
+        assert!(committed <= budget, "team-{t}: {committed} > {budget}");
+        assert!(
+            at_provider <= budget,
+            "team-{t}: the provider runs {}; the ledger: {:?}",
+            running[t],
+            view2["instances"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|i| i["team"] == format!("team-{t}").as_str())
+                .map(|i| format!(
+                    "{} {} {} {}",
+                    i["id"], i["state"], i["reserved_micro_usd"], i["note"]
+                ))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            running[t], expected[t],
+            "team-{t}: launches the budget holds"
+        );
+    }
+    // The rest wait, and say it is the budget.
+    let w = env.workload(ids[PER_TEAM - 1]).await;
+    let reason = w["pending_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("team team-0 burst budget"), "{w}");
+
+    // Cancel everything: every instance is terminated, none is left.
+    for id in &ids {
+        env.http
+            .delete(format!("{}/api/v1/workloads/{id}", env.base))
+            .send()
+            .await
+            .unwrap();
+    }
+    wait("every instance to be terminated", &env, 120, async || {
+        let listed = aws.list(axle_burst::TAG_MANAGED_BY, "axle").await.ok()?;
+        listed
+            .iter()
+            .all(|i| i.state == axle_burst::InstanceState::Terminated)
+            .then_some(())
+    })
+    .await;
+    let end = env.get("/api/v1/burst").await;
+    let orphans = end["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["state"] != "terminated" && i["state"] != "failed")
+        .count();
+    assert_eq!(orphans, 0, "{end}");
+    eprintln!(
+        "FIGURES burst fleet: {} workloads across {TEAMS} teams; {want} instances launched on moto in {filled_s:.1} s (budgets held {:?}); cents over budget: {over_cents}; orphans after cancelling all: 0",
+        ids.len(),
+        expected
+    );
 }

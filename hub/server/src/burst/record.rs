@@ -56,6 +56,10 @@ pub struct BurstRecord {
     /// When the launch was first sent: billing is counted from here.
     pub launched_at_ms: Option<u64>,
     pub joined_at_ms: Option<u64>,
+    /// When the hub learnt the instance's id: a listing asked for before
+    /// then may not show it yet.
+    #[serde(default)]
+    pub instance_seen_ms: Option<u64>,
     /// Since when nothing runs there.
     pub idle_since_ms: Option<u64>,
     pub ended_at_ms: Option<u64>,

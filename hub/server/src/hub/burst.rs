@@ -416,6 +416,7 @@ impl Inner {
             created_at_ms: now,
             launched_at_ms: None,
             joined_at_ms: None,
+            instance_seen_ms: None,
             idle_since_ms: None,
             ended_at_ms: None,
             attempts: 0,
@@ -672,6 +673,28 @@ impl Inner {
                 self.burst_terminate(&id, "its provider left the policy".into(), fx, now);
                 continue;
             };
+            // Not joined yet and the workload it was for is done (cancelled,
+            // finished elsewhere): nobody waits for it.
+            let unwanted = self
+                .workloads
+                .get(&r.workload)
+                .is_none_or(|w| w.state.is_terminal());
+            if unwanted
+                && matches!(
+                    r.state,
+                    BurstState::Requested | BurstState::Launching | BurstState::Joining { .. }
+                )
+                && !self.burst_rt.in_flight.contains_key(&launch_key(&id))
+            {
+                self.burst_step(&id, BurstEvent::TerminateRequested);
+                if self.bursts[&id].state.is_final() {
+                    // Never launched: nothing to stop, nothing charged.
+                    self.launch_failed(&id, format!("workload {} is done", r.workload), fx, now);
+                } else {
+                    self.burst_terminate(&id, format!("workload {} is done", r.workload), fx, now);
+                }
+                continue;
+            }
             match &r.state {
                 BurstState::Requested if now >= r.retry_at_ms => self.burst_launch(&id, fx, now),
                 BurstState::Launching => self.burst_launch(&id, fx, now),
@@ -980,9 +1003,13 @@ impl Inner {
                 }
             }
             Outcome::Listed { provider, result } => {
-                self.burst_rt.in_flight.remove(&format!("list/{provider}"));
+                let asked = self
+                    .burst_rt
+                    .in_flight
+                    .remove(&format!("list/{provider}"))
+                    .unwrap_or(0);
                 match result {
-                    Ok(list) => self.listed(&provider, list, fx, now),
+                    Ok(list) => self.listed(&provider, list, asked, fx, now),
                     Err(e) => warn!("listing {provider}'s instances: {e}"),
                 }
             }
@@ -1035,6 +1062,9 @@ impl Inner {
                             instance_id: inst.id.clone(),
                         },
                     );
+                    if let Some(rec) = self.bursts.get_mut(id) {
+                        rec.instance_seen_ms = Some(now);
+                    }
                     self.save_burst(fx, id);
                     if r.joined_at_ms.is_some() && self.burst_step(id, BurstEvent::Joined) {
                         // Its spoke registered before this answer came.
@@ -1107,13 +1137,19 @@ impl Inner {
     }
 
     fn launch_failed(&mut self, id: &str, why: String, fx: &mut Effects, now: u64) {
-        if !self.burst_step(
+        let stepped = self.burst_step(
             id,
             BurstEvent::LaunchFailed {
                 retry: false,
                 reason: why.clone(),
             },
-        ) {
+        );
+        // Already failed (a request ended before its launch) and not yet settled: settle it.
+        let unsettled_failure = self
+            .bursts
+            .get(id)
+            .is_some_and(|r| matches!(r.state, BurstState::Failed { .. }) && r.settled.is_none());
+        if !stepped && !unsettled_failure {
             return;
         }
         let r = self.bursts.get_mut(id).expect("exists");
@@ -1143,7 +1179,14 @@ impl Inner {
     /// A provider's list of this hub's instances: adopts launches whose
     /// answer was lost, notices instances the provider took back, and reaps
     /// tagged instances no live burst claims.
-    fn listed(&mut self, provider: &str, list: Vec<Instance>, fx: &mut Effects, now: u64) {
+    fn listed(
+        &mut self,
+        provider: &str,
+        list: Vec<Instance>,
+        asked: u64,
+        fx: &mut Effects,
+        now: u64,
+    ) {
         let Some(cfg) = self.burst_cfg.clone() else {
             return;
         };
@@ -1246,13 +1289,15 @@ impl Inner {
         self.burst_rt
             .orphans
             .retain(|(p, i), _| p != provider || seen.contains(i));
-        // Live bursts whose instance the provider no longer lists at all.
+        // Live bursts whose instance the provider no longer lists at all
+        // (known before this listing was asked for: a newer one may not show yet).
         let vanished: Vec<BurstRecord> = self
             .bursts
             .values()
             .filter(|r| {
                 r.is_live()
                     && r.provider == provider
+                    && r.instance_seen_ms.is_some_and(|t| t < asked)
                     && r.state.instance_id().is_some_and(|i| !seen.contains(i))
             })
             .cloned()
