@@ -480,6 +480,28 @@ async fn on_prem_full_bursts_to_the_cheapest_offer_runs_and_settles_to_the_secon
         cost,
         "the rest was released"
     );
+    // `axle get burst` shows the instance and the team's spend.
+    let out = Command::new(bin("axle"))
+        .arg("--ca-file")
+        .arg(env.dir.path().join("hub").join("spoke-ca.pem"))
+        .args(["get", "burst"])
+        .env("AXLE_HUB", &env.base)
+        .env_remove("AXLE_CA_FILE")
+        .env_remove("AXLE_TOKEN")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run axle");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text.contains(&id)
+            && text.contains("terminated")
+            && text.contains("gpu_1x_h100_pcie")
+            && text.contains("$2.49")
+            && text.contains("spend in ")
+            && text.contains("$50.00"),
+        "{text}"
+    );
     eprintln!(
         "FIGURES burst: submit-to-succeeded {done_s:.1} s; launch-to-joined {} ms (Lambda paces launches 10 s apart, after the refused one); instance lived {seconds} s, settled {cost} micro-USD; capacity errors 1",
         joined - launched
