@@ -286,6 +286,15 @@ impl fmt::Display for ProviderType {
     }
 }
 
+/// Whether region `pattern` (from a team's or workload's regions) admits
+/// `region`: `eu-*` matches `eu-west-1`; a pattern with no `*` must be equal.
+pub fn region_matches(pattern: &str, region: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => region.starts_with(prefix),
+        None => pattern == region,
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BurstProvider {
     pub name: String,

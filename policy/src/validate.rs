@@ -819,7 +819,11 @@ fn team_burst(
     // provider is already an error.
     if allowed.len() == b.providers.len() {
         for (i, r) in b.regions.iter().enumerate() {
-            if !allowed.iter().any(|p| p.regions.contains(&r.value)) {
+            if !allowed.iter().any(|p| {
+                p.regions
+                    .iter()
+                    .any(|served| crate::model::region_matches(&r.value, served))
+            }) {
                 let served: Vec<String> = allowed
                     .iter()
                     .map(|p| format!("{}: {}", p.name, p.regions.join(", ")))

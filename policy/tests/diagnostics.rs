@@ -544,6 +544,25 @@ fn burst_region_not_served_is_a_warning() {
 }
 
 #[test]
+fn burst_region_patterns_match_the_providers_regions() {
+    // `us-*` is served (us-east-1); `eu-*` is not.
+    let loaded = ok(&policy(&[(
+        "teams/a.yaml",
+        &TEAM.replace("regions: [us-east-1]", "regions: [us-*, eu-*]"),
+    )]));
+    assert!(
+        !loaded
+            .warnings
+            .iter()
+            .any(|d| d.message.contains("region `us-*`")),
+        "{:?}",
+        loaded.warnings
+    );
+    let d = find(&loaded.warnings, "region `eu-*` is not served");
+    at(d, "teams/a.yaml", 11, 21, "Team/a.spec.burst.regions[1]");
+}
+
+#[test]
 fn overcommitted_guarantees_warn_per_class_and_for_any() {
     let loaded = ok(&policy(&[
         (

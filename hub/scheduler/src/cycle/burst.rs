@@ -95,6 +95,79 @@ mod tests {
     }
 
     #[test]
+    fn a_cycle_that_does_not_explain_still_wishes_a_burst_for_every_waiting_workload() {
+        // On-prem is full; three of team a's workloads wait past the
+        // threshold. A cycle that skips explaining once used to wish a
+        // burst for the head of the queue only: the others never burst
+        // until something else changed.
+        // The GPU is held by the team itself, or by another team borrowing
+        // it (then a preemption search runs and fails first).
+        for holder in ["a", "b"] {
+            let mut p = (*policy(
+                &[("a", &[("H100", 0.0, 8.0)]), ("b", &[("H100", 0.0, 8.0)])],
+                BorrowedOnly,
+            ))
+            .clone();
+            let team = p.teams.get_mut("a").unwrap();
+            team.burst.providers = vec!["aws".into()];
+            team.burst.monthly_budget = axle_policy::Usd::from_dollars(100);
+            let mut s = State::new(std::sync::Arc::new(p), &inventory(&[("H100", 1)]));
+            crate::testkit::run(&mut s, req(1, holder, "training", 1.0), 0, &[0], 0);
+            for id in 2..=4 {
+                let mut spec = req(id, "a", "training", 1.0);
+                spec.burst_allowed = true;
+                s.submit(spec).unwrap();
+            }
+            let now = s.cat.policy.settings.burst_wait_threshold_s * 1000;
+            for explain in [true, false] {
+                let opts = CycleOptions {
+                    explain,
+                    ..CycleOptions::default()
+                };
+                let d = crate::cycle::cycle(&s, now, &opts);
+                assert!(d.placements.is_empty() && d.preemptions.is_empty());
+                let wished: Vec<u64> = d.burst_wanted.iter().map(|b| b.workload).collect();
+                assert_eq!(
+                    wished,
+                    vec![2, 3, 4],
+                    "held by {holder}, explain: {explain}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_workload_a_limit_holds_back_wishes_no_burst_even_unexplained() {
+        // Production is never preempted and runs only within the guarantee
+        // (1 GPU, taken): a burst instance would idle, paid for. Seen: the
+        // hub launched one, terminated it idle, and launched again.
+        let mut p = (*policy(&[("a", &[("H100", 1.0, 8.0)])], BorrowedOnly)).clone();
+        let team = p.teams.get_mut("a").unwrap();
+        team.burst.providers = vec!["aws".into()];
+        team.burst.monthly_budget = axle_policy::Usd::from_dollars(100);
+        let mut s = State::new(std::sync::Arc::new(p), &inventory(&[("H100", 1)]));
+        crate::testkit::run(&mut s, req(1, "a", "production", 1.0), 0, &[0], 0);
+        for id in 2..=3 {
+            let mut spec = req(id, "a", "production", 1.0);
+            spec.burst_allowed = true;
+            s.submit(spec).unwrap();
+        }
+        let now = s.cat.policy.settings.burst_wait_threshold_s * 1000;
+        for explain in [true, false] {
+            let opts = CycleOptions {
+                explain,
+                ..CycleOptions::default()
+            };
+            let d = crate::cycle::cycle(&s, now, &opts);
+            assert!(
+                d.burst_wanted.is_empty(),
+                "explain: {explain}: {:?}",
+                d.burst_wanted
+            );
+        }
+    }
+
+    #[test]
     fn only_missing_capacity_is_worth_a_burst() {
         use axle_policy::Milli;
         assert!(capacity_is_the_blocker(&PendingReason::NotEvaluated));

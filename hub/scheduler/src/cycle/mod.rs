@@ -39,6 +39,12 @@ use work::Work;
 /// bound the worst cycle to ~15 ms. Workloads past the limit wait one cycle.
 pub const MAX_PREEMPTION_SEARCHES_PER_CYCLE: usize = 256;
 
+/// Burst wishes a cycle that does not explain every workload looks for past
+/// the head of a full group (each costs the hub one offer lookup). Deep
+/// queues wait for the next explaining cycle beyond it; the hub launches far
+/// fewer instances than this per cycle anyway.
+pub const MAX_BURST_WISHES_PER_CYCLE: usize = 1024;
+
 /// Victims one preemption may evict: more than a full 16-node cluster of
 /// fractional notebooks would be a sign of a bad request, not a plan.
 pub const MAX_VICTIMS_PER_PREEMPTION: usize = 512;
@@ -119,16 +125,24 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                 // Nothing is free and this group cannot make room: nothing
                 // else in this group can be placed this cycle — on-prem is
                 // full, which is when a burst is wanted.
+                let reason = w.unexplained_burst_reason(spec, team, class);
                 maybe_burst(
                     state,
                     opts,
                     spec,
                     team,
                     class_info.burst_allowed,
-                    &PendingReason::NotEvaluated,
+                    &reason,
                     now_ms,
                     &mut out,
                 );
+                // The rest of the team's queue may want a burst too (each
+                // waited past the threshold on its own clock).
+                if more_burst_wishes(state, class_info.burst_allowed, team, &out)
+                    && let Some(&&(submit, next)) = iters[i].1.peek()
+                {
+                    order.insert(w.team_key(team, &state.pending[&next].spec, submit, next, i));
+                }
                 continue;
             }
 
@@ -150,21 +164,30 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                         *queue_position = Some(*n);
                     }
                 }
+                let judged = if reason == PendingReason::NotEvaluated {
+                    w.unexplained_burst_reason(spec, team, class)
+                } else {
+                    reason.clone()
+                };
                 maybe_burst(
                     state,
                     opts,
                     spec,
                     team,
                     class_info.burst_allowed,
-                    &reason,
+                    &judged,
                     now_ms,
                     &mut out,
                 );
                 if opts.explain || reason != PendingReason::NotEvaluated {
                     out.pending.push((id, reason));
                 }
-                if !opts.explain && w.queue_exhausted(queues[i].0, team, class, &failed) {
-                    // Every shape left in this queue is known not to fit.
+                if !opts.explain
+                    && w.queue_exhausted(queues[i].0, team, class, &failed)
+                    && !more_burst_wishes(state, class_info.burst_allowed, team, &out)
+                {
+                    // Every shape left in this queue is known not to fit
+                    // (and none of it may burst): the rest is not looked at.
                     continue;
                 }
             }
@@ -176,7 +199,31 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
     out
 }
 
+/// Whether a cycle that skips what cannot run should still look further
+/// down a team's queue, for burst wishes.
+fn more_burst_wishes(state: &State, class_allows: bool, team: u32, out: &Decisions) -> bool {
+    class_allows
+        && !state.cat.teams[team as usize].burst_providers.is_empty()
+        && out.burst_wanted.len() < MAX_BURST_WISHES_PER_CYCLE
+}
+
 impl<'s> Work<'s> {
+    /// What a burst wish of a workload this cycle did not explain is judged
+    /// on: a team limit or guarantee rule that holds it back (a burst
+    /// instance would not lift it: it would idle, paid for), else
+    /// `NotEvaluated` (capacity).
+    fn unexplained_burst_reason(
+        &self,
+        spec: &WorkloadSpec,
+        team: u32,
+        class: u16,
+    ) -> PendingReason {
+        match self.allowed_models(spec, team, class) {
+            Err(r) => r,
+            Ok(_) => PendingReason::NotEvaluated,
+        }
+    }
+
     /// Schedules one workload: place directly, else preempt, else explain.
     // See `allowed_models` on the size of the reason.
     #[allow(clippy::too_many_arguments, clippy::result_large_err)]

@@ -48,13 +48,7 @@ impl Candidate {
     }
 }
 
-/// Whether `region` matches `pattern` (`eu-*` matches `eu-west-1`; no `*`: equal).
-pub fn region_matches(pattern: &str, region: &str) -> bool {
-    match pattern.strip_suffix('*') {
-        Some(prefix) => region.starts_with(prefix),
-        None => pattern == region,
-    }
-}
+pub use axle_policy::region_matches;
 
 fn any_match(patterns: &[String], region: &str) -> bool {
     patterns.is_empty() || patterns.iter().any(|p| region_matches(p, region))

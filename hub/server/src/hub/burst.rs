@@ -48,6 +48,11 @@ pub const CAPACITY_COOLDOWN_MS: u64 = 10 * 60_000;
 pub const PROVIDER_DOWN_MS: u64 = 5 * 60_000;
 /// A catalog older than this is fetched again.
 pub const CATALOG_MAX_AGE_MS: u64 = 10 * 60_000;
+/// While no offer fits a waiting workload, a catalog older than this is
+/// fetched again: capacity comes and goes by the minute, and a workload
+/// should not wait ten minutes on a stale "none" (one list call per
+/// provider per 15 s at most, well under the providers' rate limits).
+pub const CATALOG_NO_FIT_MAX_AGE_MS: u64 = 15_000;
 /// A job with no answer after this is asked again (a lost job, a restart).
 pub const IN_FLIGHT_STALE_MS: u64 = 2 * CALL_DEADLINE.as_millis() as u64 + 10_000;
 /// The reservation is extended (or the instance stopped) when what is left
@@ -67,8 +72,9 @@ pub struct BurstRuntime {
     down: BTreeMap<String, (u64, String)>,
     /// Tagged instances no live record claims: (provider, instance) → first seen.
     orphans: BTreeMap<(String, String), u64>,
-    /// Why a waiting workload did not burst.
-    blocked: BTreeMap<u64, String>,
+    /// What a waiting workload's pending reason says of burst: why it did
+    /// not burst, or the instance it waits for.
+    notes: BTreeMap<u64, String>,
     last_list_ms: u64,
 }
 
@@ -183,21 +189,32 @@ impl Inner {
         };
         let mut catalogs_wanted: Vec<String> = Vec::new();
         for b in wanted {
-            if self
+            if let Some(r) = self
                 .bursts
                 .values()
-                .any(|r| r.is_live() && r.workload == b.workload)
+                .find(|r| r.is_live() && r.workload == b.workload)
             {
+                // It waits for its own instance: say which, and how far along.
+                let note = format!(
+                    "waiting for {} ({}, {} {} in {}, {}/h)",
+                    r.cluster,
+                    r.state.name(),
+                    r.provider,
+                    r.offer.instance_type,
+                    r.offer.region,
+                    r.offer.price_per_hour
+                );
+                self.burst_rt.notes.insert(b.workload, note);
                 continue;
             }
             let why = match self.burst_plan(&cfg, b, &mut catalogs_wanted, fx, now) {
                 Ok(()) => {
-                    self.burst_rt.blocked.remove(&b.workload);
+                    self.burst_rt.notes.remove(&b.workload);
                     continue;
                 }
                 Err(why) => why,
             };
-            let first = self.burst_rt.blocked.get(&b.workload) != Some(&why);
+            let first = self.burst_rt.notes.get(&b.workload) != Some(&why);
             if first {
                 self.event(
                     fx,
@@ -207,7 +224,7 @@ impl Inner {
                     None,
                     format!("workload {} does not burst: {why}", b.workload),
                 );
-                self.burst_rt.blocked.insert(b.workload, why);
+                self.burst_rt.notes.insert(b.workload, why);
             }
         }
         for p in catalogs_wanted {
@@ -218,14 +235,15 @@ impl Inner {
                 now,
             );
         }
-        // The reasons of workloads that did not burst say why.
-        let blocked: Vec<(u64, String)> = self
+        // The reasons of waiting workloads say why they did not burst, or
+        // which instance they wait for.
+        let notes: Vec<(u64, String)> = self
             .burst_rt
-            .blocked
+            .notes
             .iter()
             .map(|(k, v)| (*k, v.clone()))
             .collect();
-        for (id, why) in blocked {
+        for (id, why) in notes {
             if let Some(r) = self.reasons.get(&id)
                 && let PendingReason::NoFreeCapacity { burst, .. } = &**r
                 && burst.as_deref() != Some(why.as_str())
@@ -352,6 +370,16 @@ impl Inner {
             .into_iter()
             .find(|c| self.policy.burst_providers[&c.provider].allow_spot || !c.offer.spot)
         else {
+            for a in &allowed {
+                if self
+                    .burst_rt
+                    .catalogs
+                    .get(&a.name)
+                    .is_some_and(|(_, at)| now.saturating_sub(*at) >= CATALOG_NO_FIT_MAX_AGE_MS)
+                {
+                    catalogs_wanted.push(a.name.clone());
+                }
+            }
             let mut why = format!(
                 "no offer of {} has {} {} GPU(s){}",
                 allowed
@@ -655,7 +683,7 @@ impl Inner {
             .retain(|_, at| now.saturating_sub(*at) < IN_FLIGHT_STALE_MS);
         self.burst_rt.cooldown.retain(|_, until| now < *until);
         self.burst_rt.down.retain(|_, (until, _)| now < *until);
-        self.burst_rt.blocked.retain(|id, _| {
+        self.burst_rt.notes.retain(|id, _| {
             self.workloads
                 .get(id)
                 .is_some_and(|w| w.state == crate::lifecycle::WState::Pending)
@@ -674,11 +702,12 @@ impl Inner {
                 continue;
             };
             // Not joined yet and the workload it was for is done (cancelled,
-            // finished elsewhere): nobody waits for it.
-            let unwanted = self
-                .workloads
-                .get(&r.workload)
-                .is_none_or(|w| w.state.is_terminal());
+            // finished) or placed on another cluster (on-prem freed up
+            // first): nobody waits for it.
+            let unwanted = self.workloads.get(&r.workload).is_none_or(|w| {
+                w.state.is_terminal()
+                    || w.placement.as_ref().is_some_and(|p| p.cluster != r.cluster)
+            });
             if unwanted
                 && matches!(
                     r.state,
@@ -686,12 +715,20 @@ impl Inner {
                 )
                 && !self.burst_rt.in_flight.contains_key(&launch_key(&id))
             {
+                let why = match self.workloads.get(&r.workload) {
+                    Some(w) if !w.state.is_terminal() => format!(
+                        "workload {} runs on {}",
+                        r.workload,
+                        w.placement.as_ref().map_or("", |p| p.cluster.as_str())
+                    ),
+                    _ => format!("workload {} is done", r.workload),
+                };
                 self.burst_step(&id, BurstEvent::TerminateRequested);
                 if self.bursts[&id].state.is_final() {
                     // Never launched: nothing to stop, nothing charged.
-                    self.launch_failed(&id, format!("workload {} is done", r.workload), fx, now);
+                    self.launch_failed(&id, why, fx, now);
                 } else {
-                    self.burst_terminate(&id, format!("workload {} is done", r.workload), fx, now);
+                    self.burst_terminate(&id, why, fx, now);
                 }
                 continue;
             }

@@ -1,0 +1,418 @@
+//! What the burst scenarios share: a hub with `--burst` and its own CA, an
+//! on-prem spoke joined with a join token, a booter that runs a launched
+//! instance's user-data as cloud-init would, and `moto_server`.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axle_e2e::lambda_fake::{FakeLambda, FakeType, KEY};
+use axle_e2e::{Ports, bin, install_crypto};
+use serde_json::{Value, json};
+
+/// The scenarios run one at a time: each starts a hub and spokes, and on two
+/// cores a parallel one would starve it past its timeouts.
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+pub(crate) struct Killed(pub(crate) Vec<Child>);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub(crate) const POLICY: &str = r#"
+apiVersion: axle.dev/v1
+kind: Settings
+metadata: {name: default}
+spec:
+  burstWaitThresholdSeconds: 1
+  defaultBurstRuntimeSeconds: 600
+  spokeLostAfterSeconds: 30
+  platformAdmins: [platform-admin]
+---
+apiVersion: axle.dev/v1
+kind: Cluster
+metadata: {name: onprem}
+spec:
+  region: us-east-1
+  priceUsdPerGpuHour: 1.1
+  nodes:
+    - {count: 1, gpuModel: H100, gpusPerNode: 1, gpuMemoryGb: 80}
+---
+apiVersion: axle.dev/v1
+kind: Team
+metadata: {name: vision}
+spec:
+  quotas:
+    H100: {guaranteed: 1, limit: 4}
+  burst:
+    budgetUsdPerMonth: 50
+    providers: [lambda-us]
+    regions: [us-east-1]
+---
+apiVersion: axle.dev/v1
+kind: BurstProvider
+metadata: {name: lambda-us}
+spec:
+  type: lambda
+  regions: [us-east-1]
+  gpuModels: [H100]
+  maxInstances: 4
+  joinTimeoutSeconds: 8
+  idleTimeoutSeconds: 2
+"#;
+
+pub(crate) struct Env {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) http: reqwest::Client,
+    pub(crate) base: String,
+    pub(crate) grpc: u16,
+    pub(crate) procs: Killed,
+    pub(crate) ports: Ports,
+    pub(crate) envs: Vec<(String, String)>,
+}
+
+pub(crate) fn spawn_hub(dir: &std::path::Path, ports: Ports, envs: &[(String, String)]) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("hub.log"))
+        .unwrap();
+    Command::new(bin("axle-hub"))
+        .arg("--policy")
+        .arg(dir.join("policy"))
+        .arg("--data-dir")
+        .arg(dir.join("hub"))
+        .args(["--http", &format!("127.0.0.1:{}", ports.http)])
+        .args(["--grpc", &format!("127.0.0.1:{}", ports.grpc)])
+        .args(["--auth", "none", "--burst", "--burst-list-every-s", "1"])
+        .args(["--burst-orphan-grace-s", "2", "--burst-spoke-command"])
+        .arg(bin("axle-spoke"))
+        .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("RUST_LOG", "info")
+        .env_remove("AXLE_SPOKE_TOKEN")
+        .env_remove("AXLE_STORE")
+        .env_remove("AXLE_INSECURE_NO_TLS")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start axle-hub")
+}
+
+impl Env {
+    /// Kills the hub with SIGKILL and starts it again on the same store.
+    pub(crate) async fn kill9_and_restart(&mut self) {
+        let mut hub = self.procs.0.remove(0);
+        let _ = hub.kill();
+        let _ = hub.wait();
+        self.procs
+            .0
+            .insert(0, spawn_hub(self.dir.path(), self.ports, &self.envs));
+        wait("the restarted hub", self, 30, async || {
+            self.http
+                .get(format!("{}/healthz", self.base))
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())
+        })
+        .await;
+    }
+
+    pub(crate) async fn get(&self, path: &str) -> Value {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        r.json().await.unwrap()
+    }
+
+    pub(crate) async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub(crate) async fn submit(
+        &self,
+        name: &str,
+        command: &str,
+        burst: bool,
+        max_runtime_s: u64,
+    ) -> u64 {
+        let (status, v) = self
+            .post(
+                "/api/v1/workloads",
+                json!({
+                    "team": "vision", "name": name, "gpus": 1.0, "gpu_model": "H100",
+                    "priority": "training", "command": ["sh", "-c", command],
+                    "burst_allowed": burst, "max_runtime_s": max_runtime_s,
+                }),
+            )
+            .await;
+        assert!(status < 300, "submit {name}: {status} {v}");
+        v["id"].as_u64().unwrap()
+    }
+
+    pub(crate) async fn workload(&self, id: u64) -> Value {
+        self.get(&format!("/api/v1/workloads/{id}")).await
+    }
+
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("hub.log")).unwrap_or_default()
+    }
+
+    pub(crate) async fn events(&self, kind: &str) -> Vec<Value> {
+        let v = self.get("/api/v1/events?tail=1000").await;
+        v.as_array()
+            .or_else(|| v["events"].as_array())
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e["kind"] == kind)
+            .collect()
+    }
+}
+
+pub(crate) async fn wait<T>(
+    what: &str,
+    env: &Env,
+    secs: u64,
+    mut f: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if Instant::now() > deadline {
+            let events = env.get("/api/v1/events?tail=60").await;
+            let lines: Vec<String> = events
+                .as_array()
+                .or_else(|| events["events"].as_array())
+                .into_iter()
+                .flatten()
+                .map(|e| format!("{} {}", e["kind"], e["message"]))
+                .collect();
+            panic!(
+                "timed out waiting for {what}\n--- events ---\n{}\n--- burst ---\n{}\n--- hub log ---\n{}",
+                lines.join("\n"),
+                env.get("/api/v1/burst").await,
+                env.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs a launched instance's user-data with `sh`, as cloud-init would; its
+/// spoke keeps its identity in `dir/<instance id>`.
+pub(crate) fn booter(
+    dir: PathBuf,
+    boot: Arc<Mutex<bool>>,
+    machines: Arc<Mutex<Vec<Child>>>,
+    hub_tag: Arc<Mutex<String>>,
+) -> impl Fn(&axle_e2e::lambda_fake::Launched) + Send + Sync {
+    move |l| {
+        if let Some(t) = l.tags.get("axle-hub") {
+            *hub_tag.lock().unwrap() = t.clone();
+        }
+        if !*boot.lock().unwrap() {
+            return;
+        }
+        let data = dir.join(&l.id);
+        let log = std::fs::File::create(dir.join(format!("{}.log", l.id))).unwrap();
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(&l.user_data)
+            .env("AXLE_DATA_DIR", &data)
+            .env_remove("AXLE_JOIN_TOKEN")
+            .env_remove("AXLE_CA_FILE")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("boot the instance");
+        machines.lock().unwrap().push(child);
+    }
+}
+
+pub(crate) async fn start(fake: &FakeLambda) -> Env {
+    let envs = [
+        ("LAMBDA_API_KEY", KEY),
+        ("LAMBDA_SSH_KEY_NAME", "axle-ops"),
+        ("AXLE_BURST_ENDPOINT_LAMBDA_US", fake.url()),
+    ];
+    start_with(
+        POLICY,
+        envs.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+    .await
+}
+
+pub(crate) async fn start_with(policy_yaml: &str, envs: Vec<(String, String)>) -> Env {
+    install_crypto();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy");
+    std::fs::create_dir_all(&policy).unwrap();
+    std::fs::write(policy.join("policy.yaml"), policy_yaml).unwrap();
+    let data = dir.path().join("hub");
+    let ports = Ports::free();
+    let hub = spawn_hub(dir.path(), ports, &envs);
+    let ca_path = data.join("spoke-ca.pem");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ca_path.exists() {
+        assert!(Instant::now() < deadline, "the hub wrote no spoke-ca.pem");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&ca_path).unwrap()).unwrap();
+    let http = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let env = Env {
+        dir,
+        http,
+        base: format!("https://127.0.0.1:{}", ports.http),
+        grpc: ports.grpc,
+        procs: Killed(vec![hub]),
+        ports,
+        envs,
+    };
+    wait("the hub's API", &env, 30, async || {
+        env.http
+            .get(format!("{}/healthz", env.base))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success())
+    })
+    .await;
+    env
+}
+
+/// The on-prem spoke: one H100, joined with a join token.
+pub(crate) async fn onprem_spoke(env: &mut Env) {
+    onprem_spoke_with(env, "1xH100:80GB").await
+}
+
+pub(crate) async fn onprem_spoke_with(env: &mut Env, gpus: &str) {
+    let (status, v) = env
+        .post("/api/v1/clusters/onprem/join-tokens", json!({}))
+        .await;
+    assert!(status < 300, "{status} {v}");
+    let token = v["token"].as_str().expect("a join token").to_string();
+    let log = std::fs::File::create(env.dir.path().join("onprem.log")).unwrap();
+    let spoke = Command::new(bin("axle-spoke"))
+        .args(["--hub", &format!("https://127.0.0.1:{}", env.grpc)])
+        .args([
+            "--cluster",
+            "onprem",
+            "--region",
+            "us-east-1",
+            "--gpus",
+            gpus,
+        ])
+        .arg("--data-dir")
+        .arg(env.dir.path().join("onprem"))
+        .args(["--join-token", &token])
+        .env_remove("AXLE_CA_FILE")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    env.procs.0.push(spoke);
+    wait("the on-prem spoke", env, 30, async || {
+        let cs = env.get("/api/v1/clusters").await;
+        cs.as_array()?
+            .iter()
+            .any(|c| c["name"] == "onprem" && c["state"] == "Ready")
+            .then_some(())
+    })
+    .await;
+}
+
+pub(crate) fn micro(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_default()
+}
+
+pub(crate) fn view_team(view: &Value, team: &str) -> Value {
+    view["teams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["team"] == team)
+        .cloned()
+        .unwrap()
+}
+
+pub(crate) fn scopeguard(m: Arc<Mutex<Vec<Child>>>) -> impl Drop {
+    struct G(Arc<Mutex<Vec<Child>>>);
+    impl Drop for G {
+        fn drop(&mut self) {
+            for c in self.0.lock().unwrap().iter_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    G(m)
+}
+
+pub(crate) fn h100_pcie() -> FakeType {
+    FakeType {
+        name: "gpu_1x_h100_pcie".into(),
+        gpu_description: "H100 (80 GB PCIe)".into(),
+        gpus: 1,
+        cents_per_hour: 249,
+        regions: vec!["us-east-1".into()],
+    }
+}
+
+/// `moto_server` (PyPI `moto[server]`, installed by `scripts/prereqs.sh test`)
+/// on a free loopback port, killed when dropped.
+pub(crate) struct Moto(Child, pub(crate) u16);
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub(crate) async fn moto() -> Moto {
+    let port = axle_e2e::free_port();
+    let child = Command::new("moto_server")
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("moto_server (pip install 'moto[server]'; scripts/prereqs.sh test installs it)");
+    let m = Moto(child, port);
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return m;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("moto_server did not start on port {port}");
+}

@@ -1,0 +1,17 @@
+//! Cloud burst end to end, with the binaries: a hub (`--burst`, TLS from its
+//! own CA), an on-prem spoke that joins with a join token, and either a
+//! loopback fake of Lambda Cloud's API (every request and answer checked
+//! against the saved OpenAPI spec) whose instances "boot" by running their
+//! user-data — which starts a real `axle-spoke` with its one-time join
+//! token — or `moto_server` for EC2.
+//!
+//! One binary, scenarios one at a time (`harness::SERIAL`): `lambda` (the
+//! lifecycle, a kill -9 mid-launch, a reclaim), `guards` (residency,
+//! thresholds, a provider answering 500), `spot` (a spot instance on moto
+//! taken back) and `fleet` (200 wishes on moto).
+
+mod fleet;
+mod guards;
+mod harness;
+mod lambda;
+mod spot;
