@@ -32,6 +32,14 @@ pub const JOIN_TOKEN_PREFIX: &str = "axlej_";
 /// Shortest wait before a failed renewal is tried again, and the longest: a
 /// hub being restarted is back within seconds, and a renewal starts at two
 /// thirds of the certificate's life, so there is time for many tries.
+/// How long a joining spoke keeps trying a hub it cannot reach (a hub
+/// restarting or changing leader, an instance booting before its network
+/// is up): a burst instance that gave up would be paid for and never used.
+/// A refusal (a bad, spent or expired token, a hub with another CA) ends
+/// the join at once.
+pub const JOIN_RETRY_FOR: Duration = Duration::from_secs(10 * 60);
+/// The longest pause between two tries of an unreachable hub.
+const JOIN_RETRY_MAX: Duration = Duration::from_secs(10);
 const RENEW_RETRY_MIN: Duration = Duration::from_secs(1);
 const RENEW_RETRY_MAX: Duration = Duration::from_secs(60);
 
@@ -299,9 +307,56 @@ async fn pinned_channel(url: &str, pin: &str) -> anyhow::Result<tonic::transport
             }
         }))
         .await
-        .map_err(|e| anyhow::anyhow!("{}", session::chain(&e)))
-        .with_context(|| format!("cannot reach the hub at {url} to join"))?;
+        .map_err(|e| {
+            let err = anyhow::anyhow!("{}", session::chain(&e));
+            let err = err.context(format!("cannot reach the hub at {url} to join"));
+            if no_connection(&e) {
+                err.context(Unreachable)
+            } else {
+                err
+            }
+        })?;
     Ok(channel)
+}
+
+/// Marks a join failure worth trying again: nothing answered (as opposed
+/// to a hub that answered and refused, or a certificate that did not match).
+#[derive(Debug)]
+struct Unreachable;
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the hub is unreachable")
+    }
+}
+
+/// Whether `e` is a connection that never came up (refused, reset, timed
+/// out, no route), not a TLS handshake that failed.
+fn no_connection(e: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind::*;
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                ConnectionRefused
+                    | ConnectionReset
+                    | ConnectionAborted
+                    | NotConnected
+                    | TimedOut
+                    | HostUnreachable
+                    | NetworkUnreachable
+                    | AddrNotAvailable
+            )
+        {
+            return true;
+        }
+        if err.to_string().contains("timed out") {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// The hub URLs of `--hub a,b,c`.
@@ -314,8 +369,27 @@ fn urls(hub_urls: &str) -> Vec<String> {
         .collect()
 }
 
-/// Joins the hub with a join token: the certificate for `cluster`.
+/// Joins the hub with a join token: the certificate for `cluster`. While
+/// no hub answers it tries again, for up to [`JOIN_RETRY_FOR`].
 pub async fn join(hub_urls: &str, token: &str, cluster: &str) -> anyhow::Result<SpokeIdentity> {
+    let started = std::time::Instant::now();
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match join_once(hub_urls, token, cluster).await {
+            Err(e)
+                if e.downcast_ref::<Unreachable>().is_some()
+                    && started.elapsed() + delay < JOIN_RETRY_FOR =>
+            {
+                tracing::warn!("{e:#}; trying again in {} ms", delay.as_millis());
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(JOIN_RETRY_MAX);
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn join_once(hub_urls: &str, token: &str, cluster: &str) -> anyhow::Result<SpokeIdentity> {
     let pin = token_pin(token).ok_or_else(|| {
         anyhow::anyhow!(
             "--join-token is not an Axle join token (axlej_…); mint one with \
@@ -367,7 +441,7 @@ pub async fn join(hub_urls: &str, token: &str, cluster: &str) -> anyhow::Result<
                     continue;
                 }
                 if status.code() == tonic::Code::Unavailable {
-                    last = Some(anyhow::anyhow!("{}", status.message()));
+                    last = Some(anyhow::anyhow!("{}", status.message()).context(Unreachable));
                     continue;
                 }
                 anyhow::bail!("the hub refused to join: {}", status.message());

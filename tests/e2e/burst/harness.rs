@@ -93,11 +93,12 @@ pub(crate) fn spawn_hub(dir: &std::path::Path, ports: Ports, envs: &[(String, St
         .args(["--auth", "none", "--burst", "--burst-list-every-s", "1"])
         .args(["--burst-orphan-grace-s", "2", "--burst-spoke-command"])
         .arg(bin("axle-spoke"))
-        .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env("RUST_LOG", "info")
         .env_remove("AXLE_SPOKE_TOKEN")
         .env_remove("AXLE_STORE")
         .env_remove("AXLE_INSECURE_NO_TLS")
+        // A scenario's own environment (credentials, endpoints, `AXLE_STORE`).
+        .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -107,15 +108,43 @@ pub(crate) fn spawn_hub(dir: &std::path::Path, ports: Ports, envs: &[(String, St
 impl Env {
     /// Kills the hub with SIGKILL and starts it again on the same store.
     pub(crate) async fn kill9_and_restart(&mut self) {
-        let mut hub = self.procs.0.remove(0);
+        self.kill9();
+        self.restart().await;
+    }
+
+    /// Kills the hub with SIGKILL (nothing listens on its ports until
+    /// [`Env::restart`]).
+    pub(crate) fn kill9(&mut self) {
+        let mut hub = std::mem::replace(
+            &mut self.procs.0[0],
+            Command::new("true").spawn().expect("a placeholder"),
+        );
         let _ = hub.kill();
         let _ = hub.wait();
-        self.procs
-            .0
-            .insert(0, spawn_hub(self.dir.path(), self.ports, &self.envs));
+    }
+
+    /// Starts the hub again on the same store and ports.
+    pub(crate) async fn restart(&mut self) {
+        let mut gone = std::mem::replace(
+            &mut self.procs.0[0],
+            spawn_hub(self.dir.path(), self.ports, &self.envs),
+        );
+        let _ = gone.kill();
+        let _ = gone.wait();
         wait("the restarted hub", self, 30, async || {
             self.http
                 .get(format!("{}/healthz", self.base))
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())
+        })
+        .await;
+        // On etcd it leads once the killed one's lease has run out; until
+        // then it sends callers to the leader.
+        wait("the restarted hub to lead", self, 60, async || {
+            self.http
+                .get(format!("{}/api/v1/clusters", self.base))
                 .send()
                 .await
                 .ok()
@@ -171,6 +200,30 @@ impl Env {
         self.get(&format!("/api/v1/workloads/{id}")).await
     }
 
+    /// The last lines of every spoke's log (on-prem and booted instances).
+    pub(crate) fn spoke_logs(&self) -> String {
+        let mut out = String::new();
+        for e in std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let path = e.path();
+            let name = path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
+            if name.ends_with(".log") && name != "hub.log" {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+                out.push_str(&format!("== {name}\n{tail}\n"));
+            }
+        }
+        out
+    }
+
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("hub.log")).unwrap_or_default()
     }
@@ -208,9 +261,10 @@ pub(crate) async fn wait<T>(
                 .map(|e| format!("{} {}", e["kind"], e["message"]))
                 .collect();
             panic!(
-                "timed out waiting for {what}\n--- events ---\n{}\n--- burst ---\n{}\n--- hub log ---\n{}",
+                "timed out waiting for {what}\n--- events ---\n{}\n--- burst ---\n{}\n--- spoke logs ---\n{}\n--- hub log ---\n{}",
                 lines.join("\n"),
                 env.get("/api/v1/burst").await,
+                env.spoke_logs(),
                 env.log()
             );
         }
@@ -250,18 +304,23 @@ pub(crate) fn booter(
 }
 
 pub(crate) async fn start(fake: &FakeLambda) -> Env {
-    let envs = [
+    start_on(fake, None).await
+}
+
+/// [`start`], on the store at `store` (`etcd://…`; `None`: the embedded one).
+pub(crate) async fn start_on(fake: &FakeLambda, store: Option<String>) -> Env {
+    let mut envs: Vec<(String, String)> = [
         ("LAMBDA_API_KEY", KEY),
         ("LAMBDA_SSH_KEY_NAME", "axle-ops"),
         ("AXLE_BURST_ENDPOINT_LAMBDA_US", fake.url()),
-    ];
-    start_with(
-        POLICY,
-        envs.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    )
-    .await
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    if let Some(url) = store {
+        envs.push(("AXLE_STORE".into(), url));
+    }
+    start_with(POLICY, envs).await
 }
 
 pub(crate) async fn start_with(policy_yaml: &str, envs: Vec<(String, String)>) -> Env {
@@ -314,11 +373,32 @@ pub(crate) async fn onprem_spoke(env: &mut Env) {
 }
 
 pub(crate) async fn onprem_spoke_with(env: &mut Env, gpus: &str) {
+    let token = join_token(env, "onprem").await;
+    spawn_onprem_spoke(env, gpus, &token);
+    wait("the on-prem spoke", env, 30, async || {
+        let cs = env.get("/api/v1/clusters").await;
+        cs.as_array()?
+            .iter()
+            .any(|c| c["name"] == "onprem" && c["state"] == "Ready")
+            .then_some(())
+    })
+    .await;
+}
+
+/// A one-time join token for `cluster`.
+pub(crate) async fn join_token(env: &Env, cluster: &str) -> String {
     let (status, v) = env
-        .post("/api/v1/clusters/onprem/join-tokens", json!({}))
+        .post(
+            &format!("/api/v1/clusters/{cluster}/join-tokens"),
+            json!({}),
+        )
         .await;
     assert!(status < 300, "{status} {v}");
-    let token = v["token"].as_str().expect("a join token").to_string();
+    v["token"].as_str().expect("a join token").to_string()
+}
+
+/// Starts the on-prem spoke with `token` (it joins on its own time).
+pub(crate) fn spawn_onprem_spoke(env: &mut Env, gpus: &str, token: &str) {
     let log = std::fs::File::create(env.dir.path().join("onprem.log")).unwrap();
     let spoke = Command::new(bin("axle-spoke"))
         .args(["--hub", &format!("https://127.0.0.1:{}", env.grpc)])
@@ -332,21 +412,13 @@ pub(crate) async fn onprem_spoke_with(env: &mut Env, gpus: &str) {
         ])
         .arg("--data-dir")
         .arg(env.dir.path().join("onprem"))
-        .args(["--join-token", &token])
+        .args(["--join-token", token])
         .env_remove("AXLE_CA_FILE")
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
         .unwrap();
     env.procs.0.push(spoke);
-    wait("the on-prem spoke", env, 30, async || {
-        let cs = env.get("/api/v1/clusters").await;
-        cs.as_array()?
-            .iter()
-            .any(|c| c["name"] == "onprem" && c["state"] == "Ready")
-            .then_some(())
-    })
-    .await;
 }
 
 pub(crate) fn micro(v: &Value) -> u64 {

@@ -281,15 +281,29 @@ async fn on_prem_full_bursts_to_the_cheapest_offer_runs_and_settles_to_the_secon
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hub_killed_mid_launch_adopts_its_instance_and_a_reclaimed_instance_requeues_its_work() {
     let _serial = SERIAL.lock().await;
+    killed_mid_launch(None).await
+}
+
+/// The same on etcd: the ledger is the burst records, on either store.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_etcd_a_hub_killed_mid_launch_adopts_its_instance_and_charges_once() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = axle_e2e::ha::EtcdCluster::start(1, dir.path());
+    killed_mid_launch(Some(etcd.store_url())).await
+}
+
+async fn killed_mid_launch(store: Option<String>) {
     assert!(
         bin_dir().join("axle-spoke").exists(),
         "build the workspace first"
     );
+    let on = if store.is_some() { "etcd" } else { "redb" };
     let fake = FakeLambda::start(vec![h100_pcie()]).await;
     let machines = Arc::new(Mutex::new(Vec::new()));
     let boot = Arc::new(Mutex::new(true));
     let hub_tag = Arc::new(Mutex::new(String::new()));
-    let mut env = start(&fake).await;
+    let mut env = start_on(&fake, store).await;
     fake.on_launch(booter(
         env.dir.path().to_path_buf(),
         boot.clone(),
@@ -401,7 +415,41 @@ async fn a_hub_killed_mid_launch_adopts_its_instance_and_a_reclaimed_instance_re
     let submit_ms = t1.elapsed().as_millis();
     let _ = quick;
     eprintln!(
-        "FIGURES burst: with a launch hanging at the provider, cancel-to-placed on-prem {placed_ms} ms (includes the blocker's stop), submit answered in {submit_ms} ms"
+        "FIGURES burst ({on}): adopted after kill -9 with 1 launch, charged once; with a launch hanging at the provider, cancel-to-placed on-prem {placed_ms} ms (includes the blocker's stop), submit answered in {submit_ms} ms"
     );
     fake.assert_clean();
+}
+
+/// Seen: a burst instance that booted while its hub restarted found nothing
+/// listening, and its spoke exited; the instance never joined and was paid
+/// for until the join timeout. A spoke that cannot reach its hub keeps
+/// trying to join (a refusal still ends it at once).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spoke_that_finds_its_hub_down_keeps_trying_to_join() {
+    let _serial = SERIAL.lock().await;
+    let fake = FakeLambda::start(vec![h100_pcie()]).await;
+    let mut env = start(&fake).await;
+    let token = join_token(&env, "onprem").await;
+    env.kill9();
+    spawn_onprem_spoke(&mut env, "1xH100:80GB", &token);
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let t0 = Instant::now();
+    env.restart().await;
+    wait(
+        "the spoke to join the restarted hub",
+        &env,
+        30,
+        async || {
+            let cs = env.get("/api/v1/clusters").await;
+            cs.as_array()?
+                .iter()
+                .any(|c| c["name"] == "onprem" && c["state"] == "Ready")
+                .then_some(())
+        },
+    )
+    .await;
+    eprintln!(
+        "FIGURES spoke join: started with its hub down for 3 s, Ready {} ms after the hub came back",
+        t0.elapsed().as_millis()
+    );
 }

@@ -2,7 +2,7 @@
 //! at most [`MAX_PROVIDER_CALLS`] at once, and hands every result back as a
 //! [`Command::Burst`], so a slow or failing provider never holds up the
 //! scheduling of on-prem work. It decides nothing: the reconciler
-//! (`hub/burst.rs`) says what to call, and reads what came of it.
+//! (`hub/burst/`) says what to call, and reads what came of it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
