@@ -498,3 +498,49 @@ impl Provider for Aws {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_ec2::types::{
+        Instance as Ec2Instance, InstanceState as Ec2State, InstanceStateName, StateReason,
+    };
+
+    use super::*;
+
+    fn ec2_instance(state: InstanceStateName, reason: Option<&str>) -> Ec2Instance {
+        let mut b = Ec2Instance::builder()
+            .instance_id("i-0123456789abcdef0")
+            .state(Ec2State::builder().name(state).build());
+        if let Some(code) = reason {
+            b = b.state_reason(StateReason::builder().code(code).build());
+        }
+        b.build()
+    }
+
+    #[test]
+    fn a_spot_termination_is_an_interruption_and_a_user_one_is_not() {
+        // What EC2 sets when it takes spot capacity back (moto cannot
+        // produce it: its terminations are all user-initiated).
+        for code in [
+            "Server.SpotInstanceTermination",
+            "Server.SpotInstanceShutdown",
+        ] {
+            let i = instance_of(
+                &ec2_instance(InstanceStateName::ShuttingDown, Some(code)),
+                "us-east-1",
+            );
+            assert_eq!(i.state, InstanceState::Interrupted, "{code}");
+        }
+        let i = instance_of(
+            &ec2_instance(
+                InstanceStateName::Terminated,
+                Some("Client.UserInitiatedShutdown"),
+            ),
+            "us-east-1",
+        );
+        assert_eq!(i.state, InstanceState::Terminated);
+        let i = instance_of(&ec2_instance(InstanceStateName::Running, None), "us-east-1");
+        assert_eq!(i.state, InstanceState::Running);
+        assert_eq!(i.region, "us-east-1");
+    }
+}
