@@ -38,6 +38,9 @@ pub const JOIN_TOKEN_PREFIX: &str = "axlej_";
 /// A refusal (a bad, spent or expired token, a hub with another CA) ends
 /// the join at once.
 pub const JOIN_RETRY_FOR: Duration = Duration::from_secs(10 * 60);
+/// One try (TLS session and the Join call): a hub answers a join in
+/// milliseconds; one killed mid-call may leave the call hanging.
+const JOIN_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest pause between two tries of an unreachable hub.
 const JOIN_RETRY_MAX: Duration = Duration::from_secs(10);
 const RENEW_RETRY_MIN: Duration = Duration::from_secs(1);
@@ -374,8 +377,11 @@ fn urls(hub_urls: &str) -> Vec<String> {
 pub async fn join(hub_urls: &str, token: &str, cluster: &str) -> anyhow::Result<SpokeIdentity> {
     let started = std::time::Instant::now();
     let mut delay = Duration::from_millis(500);
+    // One key for every try: a hub that committed the join but died before
+    // answering answers the same CSR again.
+    let keys = key_and_csr(cluster)?;
     loop {
-        match join_once(hub_urls, token, cluster).await {
+        match join_once(hub_urls, token, cluster, &keys).await {
             Err(e)
                 if e.downcast_ref::<Unreachable>().is_some()
                     && started.elapsed() + delay < JOIN_RETRY_FOR =>
@@ -389,14 +395,18 @@ pub async fn join(hub_urls: &str, token: &str, cluster: &str) -> anyhow::Result<
     }
 }
 
-async fn join_once(hub_urls: &str, token: &str, cluster: &str) -> anyhow::Result<SpokeIdentity> {
+async fn join_once(
+    hub_urls: &str,
+    token: &str,
+    cluster: &str,
+    (key_pem, csr_pem): &(String, String),
+) -> anyhow::Result<SpokeIdentity> {
     let pin = token_pin(token).ok_or_else(|| {
         anyhow::anyhow!(
             "--join-token is not an Axle join token (axlej_…); mint one with \
              `axle cluster join-token {cluster}`"
         )
     })?;
-    let (key_pem, csr_pem) = key_and_csr(cluster)?;
     let mut last = None;
     let mut queue = urls(hub_urls);
     let mut tried = 0;
@@ -406,19 +416,43 @@ async fn join_once(hub_urls: &str, token: &str, cluster: &str) -> anyhow::Result
         if tried > session::MAX_HUB_ADDRESSES + 1 {
             break;
         }
-        let channel = match pinned_channel(&url, pin).await {
-            Ok(c) => c,
-            Err(e) => {
-                last = Some(e);
-                continue;
-            }
-        };
+        let channel =
+            match tokio::time::timeout(JOIN_ATTEMPT_TIMEOUT, pinned_channel(&url, pin)).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    last = Some(e);
+                    continue;
+                }
+                Err(_) => {
+                    last = Some(
+                        anyhow::anyhow!(
+                            "no TLS session with the hub at {url} within {JOIN_ATTEMPT_TIMEOUT:?}"
+                        )
+                        .context(Unreachable),
+                    );
+                    continue;
+                }
+            };
         let req = pb::JoinRequest {
             token: token.trim().to_string(),
             cluster: cluster.to_string(),
             csr_pem: csr_pem.clone(),
         };
-        match SpokeServiceClient::new(channel).join(req).await {
+        let answer = tokio::time::timeout(
+            JOIN_ATTEMPT_TIMEOUT,
+            SpokeServiceClient::new(channel).join(req),
+        )
+        .await;
+        let Ok(answer) = answer else {
+            // A hub that died or restarted mid-call: the token is unspent
+            // unless the hub answered, and then a second try is refused.
+            last = Some(
+                anyhow::anyhow!("the hub at {url} did not answer within {JOIN_ATTEMPT_TIMEOUT:?}")
+                    .context(Unreachable),
+            );
+            continue;
+        };
+        match answer {
             Ok(resp) => {
                 let cert = resp.into_inner();
                 let ca_der: CertificateDer<'static> =
@@ -433,15 +467,39 @@ async fn join_once(hub_urls: &str, token: &str, cluster: &str) -> anyhow::Result
                         cert.cluster
                     );
                 }
-                return Ok(SpokeIdentity::from_pb(cert, key_pem));
+                return Ok(SpokeIdentity::from_pb(cert, key_pem.clone()));
             }
             Err(status) => {
                 if let Some(leader) = session::leader_url(&status) {
+                    // A follower (a restarted replica waits out the old
+                    // leader's lease, and may name itself): worth trying again.
+                    last = Some(
+                        anyhow::anyhow!("the hub at {url} does not lead; it names {leader}")
+                            .context(Unreachable),
+                    );
                     queue.insert(0, leader);
                     continue;
                 }
-                if status.code() == tonic::Code::Unavailable {
-                    last = Some(anyhow::anyhow!("{}", status.message()).context(Unreachable));
+                // Only the hub's own verdicts end the join; a call that
+                // broke (the hub died mid-call: "transport error") or a hub
+                // not ready is tried again.
+                use tonic::Code::*;
+                if !matches!(
+                    status.code(),
+                    Unauthenticated
+                        | PermissionDenied
+                        | InvalidArgument
+                        | FailedPrecondition
+                        | NotFound
+                        | AlreadyExists
+                        | ResourceExhausted
+                        | OutOfRange
+                        | Unimplemented
+                ) {
+                    last = Some(
+                        anyhow::anyhow!("{:?}: {}", status.code(), status.message())
+                            .context(Unreachable),
+                    );
                     continue;
                 }
                 anyhow::bail!("the hub refused to join: {}", status.message());
@@ -479,6 +537,12 @@ async fn renew_once(hub_urls: &str, current: &SpokeIdentity) -> anyhow::Result<S
             Ok(resp) => return Ok(SpokeIdentity::from_pb(resp.into_inner(), key_pem)),
             Err(status) => {
                 if let Some(leader) = session::leader_url(&status) {
+                    // A follower (a restarted replica waits out the old
+                    // leader's lease, and may name itself): worth trying again.
+                    last = Some(
+                        anyhow::anyhow!("the hub at {url} does not lead; it names {leader}")
+                            .context(Unreachable),
+                    );
                     queue.insert(0, leader);
                     continue;
                 }

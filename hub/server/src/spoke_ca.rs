@@ -90,6 +90,11 @@ pub struct JoinTokenRecord {
     /// second use is told it was used.
     #[serde(default)]
     pub used_at_ms: Option<u64>,
+    /// SHA-256 of the CSR it was used with: the same spoke asking again with
+    /// the same CSR (the hub died before its answer arrived) is answered
+    /// again; anyone else is told the token was used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_csr_sha256: Option<String>,
 }
 
 /// A certificate the hub issued to a spoke, by its fingerprint.

@@ -258,7 +258,16 @@ fn key_and_csr(cluster: &str) -> (String, String) {
 
 /// A spoke's `Join` over TLS trusting the hub's CA: its identity, or the refusal.
 async fn join(h: &Hub, token: &str, cluster: &str) -> Result<SpokeIdentity, String> {
-    let (key_pem, csr_pem) = key_and_csr(cluster);
+    join_with(h, token, cluster, key_and_csr(cluster)).await
+}
+
+/// [`join`] with a given key and CSR.
+async fn join_with(
+    h: &Hub,
+    token: &str,
+    cluster: &str,
+    (key_pem, csr_pem): (String, String),
+) -> Result<SpokeIdentity, String> {
     let mut c = client(h, tls(h, None)).await?;
     let cert = c
         .join(pb::JoinRequest {
@@ -313,6 +322,27 @@ async fn a_spoke_joins_once_and_registers_with_its_certificate() {
     let (status, body) = https(&h, "POST", "/api/v1/clusters/nope/join-tokens", "{}").await;
     assert_eq!(status, 404, "{body}");
     assert!(body.contains("not declared"), "{body}");
+}
+
+/// Seen: a hub killed after it committed a join but before its answer
+/// reached the spoke; the spoke's retry was refused ("already used") and the
+/// burst instance never joined. The same CSR again is answered again; any
+/// other CSR is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_retried_with_the_same_csr_is_answered_again_and_no_other() {
+    let h = start(CaSource::Store).await;
+    let token = join_token(&h, "c1", 600).await;
+    let keys = key_and_csr("c1");
+    let first = join_with(&h, &token, "c1", keys.clone())
+        .await
+        .expect("join");
+    let again = join_with(&h, &token, "c1", keys)
+        .await
+        .expect("the same spoke again");
+    let (_down, _up) = session(&h, again.tls(), "c1").await.expect("registered");
+    assert_ne!(first.certificate_pem, again.certificate_pem);
+    let other = join(&h, &token, "c1").await.unwrap_err();
+    assert!(other.contains("already used"), "{other}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

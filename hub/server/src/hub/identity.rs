@@ -149,6 +149,7 @@ impl Inner {
             expires_at_ms: now.saturating_add(ttl_ms),
             created_by: created_by.to_string(),
             used_at_ms: None,
+            used_csr_sha256: None,
         };
         fx.put(join_token_key(&id), &record);
         Arc::make_mut(&mut self.join_tokens).insert(id.clone(), record.clone());
@@ -195,7 +196,11 @@ impl Inner {
                 record.cluster
             )));
         }
-        if let Some(at) = record.used_at_ms {
+        let csr_sha256 = spoke_ca::sha256_hex(csr_pem.trim().as_bytes());
+        let retry = record.used_csr_sha256.as_deref() == Some(csr_sha256.as_str());
+        if let Some(at) = record.used_at_ms
+            && !retry
+        {
             tracing::warn!("join token {id} for {} presented again", record.cluster);
             return Err(HubError::Unauthenticated(format!(
                 "join token {id} was already used (at {at} ms since the epoch); a join token \
@@ -213,7 +218,8 @@ impl Inner {
             ca.issue_spoke(csr_pem, cluster, now, cfg.spoke_cert_ttl_ms)?;
         self.prune_identities(fx, now);
         let mut spent = record;
-        spent.used_at_ms = Some(now);
+        spent.used_at_ms = Some(spent.used_at_ms.unwrap_or(now));
+        spent.used_csr_sha256 = Some(csr_sha256);
         fx.put(join_token_key(id), &spent);
         Arc::make_mut(&mut self.join_tokens).insert(id.to_string(), spent);
         // A join starts the cluster's identity afresh: what it held before is revoked.
