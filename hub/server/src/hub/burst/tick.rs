@@ -69,7 +69,12 @@ impl Inner {
                 BurstState::Requested if now >= r.retry_at_ms => self.burst_launch(&id, fx, now),
                 BurstState::Launching => self.burst_launch(&id, fx, now),
                 BurstState::Joining { .. } => {
-                    let since = r.launched_at_ms.unwrap_or(r.created_at_ms);
+                    // Time this hub was down (or not leading) is not the
+                    // instance's: a spoke cannot join a hub that is not there.
+                    let since = r
+                        .launched_at_ms
+                        .unwrap_or(r.created_at_ms)
+                        .max(self.started_ms);
                     if now.saturating_sub(since) >= doc.join_timeout_s * 1000 {
                         // An image or network that keeps spokes from joining
                         // would fail again: the offer rests like one without capacity.
