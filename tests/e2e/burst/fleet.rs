@@ -69,16 +69,8 @@ spec:
 async fn two_hundred_burst_wishes_across_five_teams_never_pass_a_budget_by_a_cent() {
     let _serial = SERIAL.lock().await;
     let moto = moto().await;
-    let endpoint = format!("http://127.0.0.1:{}", moto.1);
-    let envs: Vec<(String, String)> = [
-        ("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE"),
-        ("AWS_SECRET_ACCESS_KEY", "dummy-secret"),
-        ("AWS_REGION", "us-east-1"),
-        ("AXLE_BURST_ENDPOINT_AWS_US", endpoint.as_str()),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let endpoint = moto.endpoint();
+    let envs = moto.hub_envs();
     let mut env = start_with(&fleet_policy(), envs).await;
     onprem_spoke_with(&mut env, "1xA10G:24GB").await;
     let (status, v) = env
@@ -283,11 +275,7 @@ async fn two_hundred_burst_wishes_across_five_teams_never_pass_a_budget_by_a_cen
 
     // Cancel everything: every instance is terminated, none is left.
     for id in &ids {
-        env.http
-            .delete(format!("{}/api/v1/workloads/{id}", env.base))
-            .send()
-            .await
-            .unwrap();
+        env.cancel(*id).await;
     }
     wait("every instance to be terminated", &env, 120, async || {
         let listed = aws.list(axle_burst::TAG_MANAGED_BY, "axle").await.ok()?;

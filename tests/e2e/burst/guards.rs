@@ -202,11 +202,7 @@ async fn a_team_held_to_europe_never_bursts_to_the_us_its_thresholds_are_told_an
     })
     .await;
     let t1 = Instant::now();
-    env.http
-        .delete(format!("{}/api/v1/workloads/{blocker}", env.base))
-        .send()
-        .await
-        .unwrap();
+    env.cancel(blocker).await;
     wait("c to be placed on-prem", &env, 30, async || {
         let w = env.workload(c).await;
         (w["cluster"] == "onprem").then_some(())
@@ -252,11 +248,7 @@ async fn a_team_held_to_europe_never_bursts_to_the_us_its_thresholds_are_told_an
     let team = view_team(&view, "vision");
     assert!(micro(&team["committed_micro_usd"]) <= micro(&team["budget_micro_usd"]));
     for id in [a, c] {
-        env.http
-            .delete(format!("{}/api/v1/workloads/{id}", env.base))
-            .send()
-            .await
-            .unwrap();
+        env.cancel(id).await;
     }
     wait("every instance to end", &env, 30, async || {
         fake.instances().is_empty().then_some(())

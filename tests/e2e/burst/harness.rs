@@ -196,6 +196,15 @@ impl Env {
         v["id"].as_u64().unwrap()
     }
 
+    /// Cancels workload `id` (DELETE), whatever it is doing.
+    pub(crate) async fn cancel(&self, id: u64) {
+        self.http
+            .delete(format!("{}/api/v1/workloads/{id}", self.base))
+            .send()
+            .await
+            .unwrap();
+    }
+
     pub(crate) async fn workload(&self, id: u64) -> Value {
         self.get(&format!("/api/v1/workloads/{id}")).await
     }
@@ -465,6 +474,26 @@ impl Drop for Moto {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+impl Moto {
+    /// The hub's environment for BurstProvider `aws-us` against this moto:
+    /// dummy credentials and the endpoint override.
+    pub(crate) fn hub_envs(&self) -> Vec<(String, String)> {
+        [
+            ("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE"),
+            ("AWS_SECRET_ACCESS_KEY", "dummy-secret"),
+            ("AWS_REGION", "us-east-1"),
+            ("AXLE_BURST_ENDPOINT_AWS_US", self.endpoint().as_str()),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
+    pub(crate) fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.1)
     }
 }
 

@@ -195,11 +195,7 @@ async fn on_prem_full_bursts_to_the_cheapest_offer_runs_and_settles_to_the_secon
         launches,
         "nothing launched past the budget"
     );
-    env.http
-        .delete(format!("{}/api/v1/workloads/{big}", env.base))
-        .send()
-        .await
-        .unwrap();
+    env.cancel(big).await;
 
     // An instance whose spoke never joins is terminated after the join timeout.
     *boot.lock().unwrap() = false;
@@ -227,11 +223,7 @@ async fn on_prem_full_bursts_to_the_cheapest_offer_runs_and_settles_to_the_secon
         "FIGURES burst: never-joined instance terminated {:.1} s after its launch",
         t0.elapsed().as_secs_f64()
     );
-    env.http
-        .delete(format!("{}/api/v1/workloads/{silent}", env.base))
-        .send()
-        .await
-        .unwrap();
+    env.cancel(silent).await;
 
     // An instance with this hub's tags that no burst claims is reaped after the grace period.
     let hub_tag = hub_tag.lock().unwrap().clone();
@@ -394,11 +386,7 @@ async fn killed_mid_launch(store: Option<String>) {
     )
     .await;
     let t0 = Instant::now();
-    env.http
-        .delete(format!("{}/api/v1/workloads/{blocker}", env.base))
-        .send()
-        .await
-        .unwrap();
+    env.cancel(blocker).await;
     wait(
         "the waiting workload to be placed on-prem",
         &env,

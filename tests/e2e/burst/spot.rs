@@ -120,16 +120,8 @@ async fn a_checkpointable_workload_bursts_to_spot_boots_from_its_user_data_and_i
  {
     let _serial = SERIAL.lock().await;
     let moto = moto().await;
-    let endpoint = format!("http://127.0.0.1:{}", moto.1);
-    let envs: Vec<(String, String)> = [
-        ("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE"),
-        ("AWS_SECRET_ACCESS_KEY", "dummy-secret"),
-        ("AWS_REGION", "us-east-1"),
-        ("AXLE_BURST_ENDPOINT_AWS_US", endpoint.as_str()),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let endpoint = moto.endpoint();
+    let envs = moto.hub_envs();
     let mut env = start_with(POLICY_SPOT, envs).await;
     onprem_spoke_with(&mut env, "1xA10G:24GB").await;
     let machines = Arc::new(Mutex::new(Vec::new()));
@@ -258,11 +250,7 @@ async fn a_checkpointable_workload_bursts_to_spot_boots_from_its_user_data_and_i
 
     // Cancel everything: nothing is left running at EC2.
     for id in [s, blocker] {
-        env.http
-            .delete(format!("{}/api/v1/workloads/{id}", env.base))
-            .send()
-            .await
-            .unwrap();
+        env.cancel(id).await;
     }
     wait("every instance to end at EC2", &env, 60, async || {
         let out = ec2.describe_instances().send().await.ok()?;

@@ -66,7 +66,7 @@ mod tests {
     use axle_policy::CrossTeamPreemption::BorrowedOnly;
 
     use super::*;
-    use crate::testkit::{inventory, policy, req};
+    use crate::testkit::{QuotaDef, inventory, policy, req};
 
     #[test]
     fn a_burst_is_wanted_after_the_threshold_with_budget_left() {
@@ -94,6 +94,39 @@ mod tests {
         assert_eq!(wants(threshold_ms, &spent), 0, "no budget left");
     }
 
+    /// One H100, held by `holder`'s `class` work; team a (burst on `aws`,
+    /// $100) has burst-allowed `class` workloads `waiting` behind it, past
+    /// the burst threshold. Returns the state and that moment.
+    fn one_gpu_held(
+        quotas: &[QuotaDef<'_>],
+        holder: &str,
+        class: &str,
+        waiting: std::ops::RangeInclusive<u64>,
+    ) -> (State, u64) {
+        let teams: Vec<(&str, &[QuotaDef<'_>])> = vec![("a", quotas), ("b", quotas)];
+        let mut p = (*policy(&teams, BorrowedOnly)).clone();
+        let team = p.teams.get_mut("a").unwrap();
+        team.burst.providers = vec!["aws".into()];
+        team.burst.monthly_budget = axle_policy::Usd::from_dollars(100);
+        let mut s = State::new(std::sync::Arc::new(p), &inventory(&[("H100", 1)]));
+        crate::testkit::run(&mut s, req(1, holder, class, 1.0), 0, &[0], 0);
+        for id in waiting {
+            let mut spec = req(id, "a", class, 1.0);
+            spec.burst_allowed = true;
+            s.submit(spec).unwrap();
+        }
+        let now = s.cat.policy.settings.burst_wait_threshold_s * 1000;
+        (s, now)
+    }
+
+    fn cycle_at(s: &State, now: u64, explain: bool) -> Decisions {
+        let opts = CycleOptions {
+            explain,
+            ..CycleOptions::default()
+        };
+        crate::cycle::cycle(s, now, &opts)
+    }
+
     #[test]
     fn a_cycle_that_does_not_explain_still_wishes_a_burst_for_every_waiting_workload() {
         // On-prem is full; three of team a's workloads wait past the
@@ -103,28 +136,9 @@ mod tests {
         // The GPU is held by the team itself, or by another team borrowing
         // it (then a preemption search runs and fails first).
         for holder in ["a", "b"] {
-            let mut p = (*policy(
-                &[("a", &[("H100", 0.0, 8.0)]), ("b", &[("H100", 0.0, 8.0)])],
-                BorrowedOnly,
-            ))
-            .clone();
-            let team = p.teams.get_mut("a").unwrap();
-            team.burst.providers = vec!["aws".into()];
-            team.burst.monthly_budget = axle_policy::Usd::from_dollars(100);
-            let mut s = State::new(std::sync::Arc::new(p), &inventory(&[("H100", 1)]));
-            crate::testkit::run(&mut s, req(1, holder, "training", 1.0), 0, &[0], 0);
-            for id in 2..=4 {
-                let mut spec = req(id, "a", "training", 1.0);
-                spec.burst_allowed = true;
-                s.submit(spec).unwrap();
-            }
-            let now = s.cat.policy.settings.burst_wait_threshold_s * 1000;
+            let (s, now) = one_gpu_held(&[("H100", 0.0, 8.0)], holder, "training", 2..=4);
             for explain in [true, false] {
-                let opts = CycleOptions {
-                    explain,
-                    ..CycleOptions::default()
-                };
-                let d = crate::cycle::cycle(&s, now, &opts);
+                let d = cycle_at(&s, now, explain);
                 assert!(d.placements.is_empty() && d.preemptions.is_empty());
                 let wished: Vec<u64> = d.burst_wanted.iter().map(|b| b.workload).collect();
                 assert_eq!(
@@ -141,24 +155,9 @@ mod tests {
         // Production is never preempted and runs only within the guarantee
         // (1 GPU, taken): a burst instance would idle, paid for. Seen: the
         // hub launched one, terminated it idle, and launched again.
-        let mut p = (*policy(&[("a", &[("H100", 1.0, 8.0)])], BorrowedOnly)).clone();
-        let team = p.teams.get_mut("a").unwrap();
-        team.burst.providers = vec!["aws".into()];
-        team.burst.monthly_budget = axle_policy::Usd::from_dollars(100);
-        let mut s = State::new(std::sync::Arc::new(p), &inventory(&[("H100", 1)]));
-        crate::testkit::run(&mut s, req(1, "a", "production", 1.0), 0, &[0], 0);
-        for id in 2..=3 {
-            let mut spec = req(id, "a", "production", 1.0);
-            spec.burst_allowed = true;
-            s.submit(spec).unwrap();
-        }
-        let now = s.cat.policy.settings.burst_wait_threshold_s * 1000;
+        let (s, now) = one_gpu_held(&[("H100", 1.0, 8.0)], "a", "production", 2..=3);
         for explain in [true, false] {
-            let opts = CycleOptions {
-                explain,
-                ..CycleOptions::default()
-            };
-            let d = crate::cycle::cycle(&s, now, &opts);
+            let d = cycle_at(&s, now, explain);
             assert!(
                 d.burst_wanted.is_empty(),
                 "explain: {explain}: {:?}",
