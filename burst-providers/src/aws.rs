@@ -10,7 +10,10 @@
 //!   interruption).
 //! - **List / describe:** `DescribeInstances` by tag or id; the lifecycle
 //!   (spot) and a spot interruption are read from each instance, not filtered
-//!   on.
+//!   on. A running spot instance whose spot request EC2 has marked
+//!   (`marked-for-termination`, `-stop`, `-hibernation`:
+//!   `DescribeSpotInstanceRequests`) is listed as `Interrupting`, reclaimed
+//!   two minutes after the mark.
 //! - **Terminate:** `TerminateInstances`; an instance already gone is fine.
 //!
 //! Credentials: `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` (or their
@@ -20,8 +23,8 @@ use std::collections::BTreeMap;
 
 use aws_sdk_ec2::types::{
     Filter, InstanceInterruptionBehavior, InstanceMarketOptionsRequest, InstanceStateName,
-    InstanceType, MarketType, ResourceType, SpotInstanceType, SpotMarketOptions, Tag,
-    TagSpecification,
+    InstanceType, MarketType, ResourceType, SpotInstanceRequest, SpotInstanceType,
+    SpotMarketOptions, Tag, TagSpecification,
 };
 use axle_policy::Usd;
 use base64::Engine as _;
@@ -38,6 +41,19 @@ pub const MAX_LIST_PAGES: usize = 20;
 
 /// Largest user-data EC2 takes (16 KiB before base64).
 pub const MAX_USER_DATA_BYTES: usize = 16 * 1024;
+
+/// Spot request status codes by which EC2 gives notice that it reclaims
+/// the instance.
+pub const NOTICE_CODES: [&str; 3] = [
+    "marked-for-termination",
+    "marked-for-stop",
+    "marked-for-hibernation",
+];
+/// EC2 reclaims a marked spot instance this long after the mark.
+pub const SPOT_NOTICE_MS: u64 = 120_000;
+/// Spot requests asked about per `DescribeSpotInstanceRequests` call (a
+/// listing's instances are asked in chunks of this many).
+pub const MAX_SPOT_REQUESTS_PER_CALL: usize = 100;
 
 /// The policy's price for one instance type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,6 +223,7 @@ impl Aws {
     ) -> Result<Vec<Instance>, ProviderError> {
         let client = self.client(region)?;
         let mut out = Vec::new();
+        let mut spot_requests = Vec::new();
         let mut token: Option<String> = None;
         for _ in 0..MAX_LIST_PAGES {
             let mut req = client.describe_instances();
@@ -234,7 +251,13 @@ impl Aws {
             };
             for r in page.reservations() {
                 for i in r.instances() {
-                    out.push(instance_of(i, region));
+                    let listed = instance_of(i, region);
+                    if listed.state == InstanceState::Running
+                        && let Some(rid) = i.spot_instance_request_id()
+                    {
+                        spot_requests.push(rid.to_string());
+                    }
+                    out.push(listed);
                 }
             }
             token = page
@@ -245,7 +268,40 @@ impl Aws {
                 break;
             }
         }
+        let notices = self.notices(client, spot_requests).await;
+        for i in &mut out {
+            if let Some(&at_ms) = notices.get(&i.id) {
+                i.state = InstanceState::Interrupting { at_ms };
+            }
+        }
         Ok(out)
+    }
+
+    /// Running spot instances EC2 has given notice on, with when it
+    /// reclaims each. A failed call is logged and skipped: the listing (the
+    /// reaper, adoption) must not depend on it, and the instance's own spoke
+    /// reads the same notice from the instance metadata service.
+    async fn notices(
+        &self,
+        client: &aws_sdk_ec2::Client,
+        requests: Vec<String>,
+    ) -> BTreeMap<String, u64> {
+        let mut found = BTreeMap::new();
+        for chunk in requests.chunks(MAX_SPOT_REQUESTS_PER_CALL) {
+            match client
+                .describe_spot_instance_requests()
+                .set_spot_instance_request_ids(Some(chunk.to_vec()))
+                .send()
+                .await
+            {
+                Ok(out) => found.extend(out.spot_instance_requests().iter().filter_map(notice_of)),
+                Err(e) => {
+                    let err = sdk_error("DescribeSpotInstanceRequests", e);
+                    tracing::warn!(error = %err, "cannot read spot interruption notices; the instances' spokes still report theirs");
+                }
+            }
+        }
+        found
     }
 }
 
@@ -336,6 +392,17 @@ fn instance_of(i: &aws_sdk_ec2::types::Instance, region: &str) -> Instance {
         state,
         tags,
     }
+}
+
+/// A spot request EC2 has marked for reclaim: its instance and when EC2
+/// takes it (two minutes after the mark).
+fn notice_of(r: &SpotInstanceRequest) -> Option<(String, u64)> {
+    let status = r.status()?;
+    if !NOTICE_CODES.contains(&status.code()?) {
+        return None;
+    }
+    let marked = u64::try_from(status.update_time()?.to_millis().ok()?).ok()?;
+    Some((r.instance_id()?.to_string(), marked + SPOT_NOTICE_MS))
 }
 
 /// Whether an instance is spot capacity (EC2's `InstanceLifecycle`, read from
@@ -542,5 +609,50 @@ mod tests {
         let i = instance_of(&ec2_instance(InstanceStateName::Running, None), "us-east-1");
         assert_eq!(i.state, InstanceState::Running);
         assert_eq!(i.region, "us-east-1");
+    }
+
+    fn spot_request(code: &str, marked_s: i64) -> SpotInstanceRequest {
+        SpotInstanceRequest::builder()
+            .spot_instance_request_id("sir-1")
+            .instance_id("i-0123456789abcdef0")
+            .status(
+                aws_sdk_ec2::types::SpotInstanceStatus::builder()
+                    .code(code)
+                    .update_time(aws_sdk_ec2::primitives::DateTime::from_secs(marked_s))
+                    .build(),
+            )
+            .build()
+    }
+
+    #[test]
+    fn a_marked_spot_request_is_a_notice_two_minutes_ahead_and_others_are_not() {
+        // What DescribeSpotInstanceRequests answers once EC2 has decided to
+        // reclaim (moto never marks a request, so this is where it is read).
+        for code in NOTICE_CODES {
+            assert_eq!(
+                notice_of(&spot_request(code, 1_700_000_000)),
+                Some(("i-0123456789abcdef0".to_string(), 1_700_000_120_000)),
+                "{code}"
+            );
+        }
+        for code in [
+            "fulfilled",
+            "pending-fulfillment",
+            "instance-terminated-by-price",
+        ] {
+            assert_eq!(
+                notice_of(&spot_request(code, 1_700_000_000)),
+                None,
+                "{code}"
+            );
+        }
+        let no_instance = SpotInstanceRequest::builder()
+            .status(
+                aws_sdk_ec2::types::SpotInstanceStatus::builder()
+                    .code("marked-for-termination")
+                    .build(),
+            )
+            .build();
+        assert_eq!(notice_of(&no_instance), None);
     }
 }

@@ -96,7 +96,13 @@ pub enum InstanceState {
     /// Being stopped or terminated.
     Stopping,
     Terminated,
-    /// Spot capacity taken back, or about to be.
+    /// Running, but the provider has given notice that it takes the
+    /// capacity back at `at_ms` (milliseconds since the Unix epoch): EC2's
+    /// two-minute spot interruption notice.
+    Interrupting {
+        at_ms: u64,
+    },
+    /// Spot capacity taken back.
     Interrupted,
     /// A state this adapter does not know, as the provider named it.
     Other(String),

@@ -70,6 +70,7 @@ fn dev_spokes(grpc_url: &str, data_dir: &std::path::Path, policy: &Policy) -> Ve
             token: None,
             hub_ca_pem: None,
             join_token: None,
+            spot_notices: None,
             driver: Default::default(),
         },
         SpokeConfig {
@@ -82,6 +83,7 @@ fn dev_spokes(grpc_url: &str, data_dir: &std::path::Path, policy: &Policy) -> Ve
             token: None,
             hub_ca_pem: None,
             join_token: None,
+            spot_notices: None,
             driver: Default::default(),
         },
     ]

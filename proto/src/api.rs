@@ -259,6 +259,9 @@ pub struct BurstInstanceView {
     pub launched_at_ms: Option<u64>,
     pub joined_at_ms: Option<u64>,
     pub ended_at_ms: Option<u64>,
+    /// When the provider takes it back, by its interruption notice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interruption_at_ms: Option<u64>,
     /// Why it is terminating or failed.
     pub note: String,
 }

@@ -71,6 +71,9 @@ pub struct Agent<D: Driver> {
     /// Connected, but the driver does not know its inventory yet:
     /// `Register` waits for it.
     register_due: bool,
+    /// The provider's notice that it reclaims this machine: every heartbeat
+    /// carries it from then on.
+    interruption: Option<pb::InterruptionNotice>,
 }
 
 /// A random-enough id per spoke process: pid plus the clock's nanoseconds.
@@ -131,6 +134,7 @@ impl<D: Driver> Agent<D> {
             last_ack: Instant::now(),
             fenced: false,
             register_due: false,
+            interruption: None,
         }
     }
 
@@ -342,6 +346,7 @@ impl<D: Driver> Agent<D> {
             msg: Some(pb::spoke_message::Msg::Heartbeat(pb::Heartbeat {
                 nodes: self.nodes(),
                 running: self.driver.running(),
+                interruption: self.interruption.clone(),
             })),
         };
         // A full stream means the hub is not reading; skipping one beat is
@@ -384,6 +389,13 @@ impl<D: Driver> Agent<D> {
             Event::Inventory => {
                 if self.register_due {
                     self.register();
+                }
+            }
+            Event::Interruption(n) => {
+                self.interruption = Some(n);
+                // Said now, not at the next beat: every second counts.
+                if self.conn.as_ref().is_some_and(|c| c.registered) {
+                    self.send_heartbeat();
                 }
             }
         }

@@ -45,6 +45,9 @@ pub struct SpokeConfig {
     /// A one-time join token (`axle cluster join-token`): with it, a spoke
     /// with no certificate in its data dir joins the hub and gets one.
     pub join_token: Option<String>,
+    /// The instance metadata service to read EC2 spot interruption notices
+    /// from (see [`crate::spot`]); `None`: not a spot instance, nothing read.
+    pub spot_notices: Option<String>,
     /// How the spoke runs work.
     pub driver: DriverConfig,
 }

@@ -18,4 +18,6 @@ pub enum Event {
     Finished(pb::WorkloadStatus),
     /// The driver's inventory changed (or became known).
     Inventory,
+    /// The provider reclaims this machine (an EC2 spot interruption notice).
+    Interruption(pb::InterruptionNotice),
 }

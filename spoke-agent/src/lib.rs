@@ -16,6 +16,7 @@ pub mod identity;
 mod logs;
 mod outbox;
 mod session;
+pub mod spot;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -171,6 +172,10 @@ pub async fn run_with(
     let (inputs_tx, inputs_rx) = mpsc::channel(INPUT_CHANNEL_CAPACITY);
     let (events_tx, events_rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
     let dialer = tokio::spawn(session::dial_loop(config.hub_url.clone(), tls, inputs_tx));
+    let notices = config
+        .spot_notices
+        .clone()
+        .map(|endpoint| tokio::spawn(spot::watch(endpoint, events_tx.clone())));
     let result = match config.driver.clone() {
         DriverConfig::Local => {
             let driver = driver::local::LocalDriver::new(
@@ -209,6 +214,9 @@ pub async fn run_with(
         }
     };
     dialer.abort();
+    if let Some(n) = notices {
+        n.abort();
+    }
     if let Some(r) = renewer {
         r.abort();
     }
@@ -234,6 +242,7 @@ mod tests {
             token: None,
             hub_ca_pem: None,
             join_token: None,
+            spot_notices: None,
             driver: Default::default(),
         };
         let fut = run(config, async {});

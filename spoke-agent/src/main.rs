@@ -87,6 +87,19 @@ struct Args {
     /// default nvidia.com/gpu).
     #[arg(long = "tolerate-taint", value_name = "KEY")]
     tolerate_taints: Vec<String>,
+    /// This is an EC2 spot instance: read the two-minute interruption
+    /// notice from the instance metadata service and tell the hub, which
+    /// stops the work here in time (burst instances launched as spot get it).
+    #[arg(long, env = "AXLE_EC2_SPOT_NOTICES")]
+    ec2_spot_notices: bool,
+    /// The instance metadata service --ec2-spot-notices reads.
+    #[arg(
+        long,
+        env = "AXLE_IMDS_ENDPOINT",
+        default_value = axle_spoke_agent::spot::DEFAULT_IMDS_ENDPOINT,
+        value_name = "URL"
+    )]
+    imds_endpoint: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -192,6 +205,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         data_dir,
         token: args.token.filter(|t| !t.is_empty()),
         join_token: args.join_token.filter(|t| !t.is_empty()),
+        spot_notices: args.ec2_spot_notices.then_some(args.imds_endpoint),
         driver,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

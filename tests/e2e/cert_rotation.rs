@@ -102,6 +102,7 @@ async fn a_spoke_renews_its_certificate_and_its_workload_keeps_running() {
         token: None,
         hub_ca_pem: None,
         join_token: Some(token),
+        spot_notices: None,
         driver: Default::default(),
     };
     let (stop_spoke, spoke_stopped) = tokio::sync::oneshot::channel::<()>();

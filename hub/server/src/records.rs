@@ -209,6 +209,10 @@ impl WorkloadRecord {
 pub struct StoppingRecord {
     pub cluster: String,
     pub epoch: u64,
+    /// A grace period shorter than the class's (the machine is reclaimed
+    /// sooner); `None`: the class's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_s: Option<u64>,
     /// Version 1 records only: the stop was a user's cancel. Version 2 says
     /// it with the state (`Cancelling`); read by [`WorkloadRecord::upgrade`],
     /// never written.

@@ -376,6 +376,7 @@ pub fn start_spoke(hub: &TestHub) -> Spoke {
         token: Some("s3cret".into()),
         hub_ca_pem: None,
         join_token: None,
+        spot_notices: None,
         driver: Default::default(),
     };
     let (tx, rx) = oneshot::channel::<()>();

@@ -15,6 +15,9 @@
 //! `Interrupted` (spot capacity taken back) and `TerminateRequested` (a
 //! revocation, the budget, the reaper) lead from any live state with an
 //! instance to `Terminating`; before an instance exists they end the request.
+//! `InterruptionNoticed` (the provider's notice that it will take the
+//! instance back, EC2's two minutes) makes a joining or ready instance
+//! `Draining`: no new work, and what runs there is stopped in the time left.
 
 use serde::{Deserialize, Serialize};
 
@@ -57,6 +60,8 @@ pub enum BurstEvent {
     Idle,
     /// What ran while draining has finished.
     Drained,
+    /// The provider gave notice that it takes the instance back soon.
+    InterruptionNoticed,
     /// Spot capacity taken back by the provider.
     Interrupted,
     /// Stop it now: a revocation, the budget, or the orphan reaper.
@@ -114,6 +119,7 @@ impl BurstEvent {
             BurstEvent::JoinTimedOut => "JoinTimedOut",
             BurstEvent::Idle => "Idle",
             BurstEvent::Drained => "Drained",
+            BurstEvent::InterruptionNoticed => "InterruptionNoticed",
             BurstEvent::Interrupted => "Interrupted",
             BurstEvent::TerminateRequested => "TerminateRequested",
             BurstEvent::Terminated => "Terminated",
@@ -153,6 +159,11 @@ pub fn step(state: &BurstState, event: BurstEvent) -> Result<BurstState, Ignored
         (S::Ready { instance_id }, E::Idle) => Ok(S::Draining {
             instance_id: instance_id.clone(),
         }),
+        (S::Joining { instance_id } | S::Ready { instance_id }, E::InterruptionNoticed) => {
+            Ok(S::Draining {
+                instance_id: instance_id.clone(),
+            })
+        }
         (S::Draining { instance_id }, E::Drained) => Ok(terminating(instance_id)),
         (
             S::Joining { instance_id } | S::Ready { instance_id } | S::Draining { instance_id },
@@ -202,6 +213,7 @@ mod tests {
             BurstEvent::JoinTimedOut,
             BurstEvent::Idle,
             BurstEvent::Drained,
+            BurstEvent::InterruptionNoticed,
             BurstEvent::Interrupted,
             BurstEvent::TerminateRequested,
             BurstEvent::Terminated,
@@ -221,6 +233,7 @@ mod tests {
             ("joining", E::Joined) => "ready",
             ("joining", E::JoinTimedOut) => "terminating",
             ("ready", E::Idle) => "draining",
+            ("joining" | "ready", E::InterruptionNoticed) => "draining",
             ("draining", E::Drained) => "terminating",
             ("joining" | "ready" | "draining", E::Interrupted | E::TerminateRequested) => {
                 "terminating"
@@ -247,7 +260,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(pairs, 8 * 11);
+        assert_eq!(pairs, 8 * 12);
     }
 
     #[test]

@@ -62,6 +62,10 @@ pub struct BurstRecord {
     pub instance_seen_ms: Option<u64>,
     /// Since when nothing runs there.
     pub idle_since_ms: Option<u64>,
+    /// When the provider takes the instance back, by its notice (EC2's
+    /// two-minute spot interruption notice); `None`: no notice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interruption_at_ms: Option<u64>,
     pub ended_at_ms: Option<u64>,
     /// Launch attempts made (retries of the same launch, same key).
     pub attempts: u32,

@@ -190,6 +190,8 @@ pub async fn providers_from(
 /// The boot script of a burst instance: it starts `axle-spoke` as cluster
 /// `cluster` with its one-time join token, declaring the GPUs the offer has
 /// (a spoke on a real instance reads them from `nvidia-smi` when present).
+/// An EC2 spot instance's spoke also watches for the interruption notice
+/// (`spot_notices`).
 pub fn user_data(
     spoke_command: &str,
     hub_url: &str,
@@ -197,7 +199,13 @@ pub fn user_data(
     region: &str,
     join_token: &str,
     gpus: &str,
+    spot_notices: bool,
 ) -> String {
+    let notices = if spot_notices {
+        " --ec2-spot-notices"
+    } else {
+        ""
+    };
     format!(
         "#!/bin/sh\n\
          # Axle burst instance: joins the hub as cluster {cluster}.\n\
@@ -205,6 +213,6 @@ pub fn user_data(
          DATA=\"${{AXLE_DATA_DIR:-/var/lib/axle-spoke}}\"\n\
          mkdir -p \"$DATA\"\n\
          exec {spoke_command} --hub '{hub_url}' --cluster '{cluster}' --region '{region}' \\\n  \
-         --gpus '{gpus}' --data-dir \"$DATA\" --join-token '{join_token}'\n"
+         --gpus '{gpus}' --data-dir \"$DATA\"{notices} --join-token '{join_token}'\n"
     )
 }

@@ -37,7 +37,8 @@ pub(super) fn stop_msg(
 
 impl Inner {
     /// Sends (or re-sends) the stop a `stopping` record stands for, to its
-    /// cluster, with the grace period of the workload's class.
+    /// cluster, with the grace period of the workload's class (or the
+    /// record's, when shorter: the machine is reclaimed sooner).
     pub(super) fn request_stop(
         &self,
         fx: &mut Effects,
@@ -46,9 +47,10 @@ impl Inner {
         message: String,
     ) {
         let w = self.workloads.get(&id);
-        let grace = w
+        let class = w
             .map(|w| grace_of(&self.policy, &w.priority))
             .unwrap_or(DEFAULT_GRACE_S);
+        let grace = s.grace_s.map_or(class, |g| g.min(class));
         let reason = if w.is_some_and(|w| w.state == WState::Cancelling) {
             pb::StopReason::Cancelled
         } else {

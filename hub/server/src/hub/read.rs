@@ -413,6 +413,7 @@ impl ReadView {
                 launched_at_ms: r.launched_at_ms,
                 joined_at_ms: r.joined_at_ms,
                 ended_at_ms: r.ended_at_ms,
+                interruption_at_ms: r.interruption_at_ms,
                 note: r.note.clone(),
             })
             .collect();

@@ -73,6 +73,7 @@ impl Inner {
                 cluster: pl.cluster.clone(),
                 epoch: w.epoch,
                 legacy_cancel: false,
+                grace_s: None,
             };
             w.stopping = Some(stopping.clone());
             // The grace period is the victim's class's (as in the decision).

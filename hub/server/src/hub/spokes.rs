@@ -502,6 +502,9 @@ impl Inner {
             c.last_seen_ms = now;
         }
         self.spoke_step(cluster, SpokeEvent::Heartbeat { conn }, fx, now);
+        if let Some(n) = &hb.interruption {
+            self.spoke_notice(cluster, &n.action, n.at_unix_ms, fx, now);
+        }
         // The spoke fences itself when these stop coming.
         fx.msgs.push((
             cluster.to_string(),

@@ -810,3 +810,32 @@ async fn version_1_records_upgrade_their_stop_into_the_state() {
     let text = serde_json::to_string(&v1("Running", true)).unwrap();
     assert!(!text.contains("\"cancel\""), "{text}");
 }
+
+#[tokio::test]
+async fn an_on_prem_spokes_interruption_notice_changes_nothing() {
+    // Only a burst instance can be taken back by its provider: an on-prem
+    // spoke (or one that lies) saying so stops nothing.
+    let mut core = Core::new().await;
+    let _rx = core.register(1, T0).await;
+    let id = core.submit(1.0, T0).await;
+    core.report(1, id, pb::Phase::Started, T0).await;
+    let fx = core
+        .apply(
+            Command::Heartbeat {
+                cluster: "c1".into(),
+                conn: 1,
+                heartbeat: pb::Heartbeat {
+                    interruption: Some(pb::InterruptionNotice {
+                        action: "terminate".into(),
+                        at_unix_ms: T0 + 120_000,
+                    }),
+                    ..Default::default()
+                },
+            },
+            T0 + 1_000,
+        )
+        .await;
+    assert_eq!(core.state(id), WState::Running);
+    assert!(stops(&fx).is_empty(), "{:?}", kinds(&fx));
+    assert_eq!(core.spoke(), "Ready");
+}

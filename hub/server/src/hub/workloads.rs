@@ -263,6 +263,7 @@ impl Inner {
                 cluster: p.cluster.clone(),
                 epoch: w.epoch,
                 legacy_cancel: false,
+                grace_s: None,
             };
             transition(w, WEvent::Cancel, now, "cancel requested".into());
             w.stopping = Some(stopping.clone());

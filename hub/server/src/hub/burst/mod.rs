@@ -13,7 +13,8 @@
 //!
 //! By responsibility: `plan.rs` (wishes → reservations and launches),
 //! `tick.rs` (time-driven upkeep, spokes joining), `outcome.rs` (what
-//! providers answered); here the shared state and the steps all use.
+//! providers answered), `interruption.rs` (a provider's notice that it
+//! takes an instance back); here the shared state and the steps all use.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -102,6 +103,7 @@ fn new_burst_id() -> String {
     crate::spoke_ca::hex(&b)
 }
 
+mod interruption;
 mod outcome;
 mod plan;
 mod tick;
@@ -249,6 +251,7 @@ impl Inner {
                 &r.offer.region,
                 &token,
                 &gpus,
+                r.kind == "aws" && r.offer.spot,
             ),
             image: doc
                 .images

@@ -296,6 +296,10 @@ impl Inner {
                 }
                 Some(r) if r.state.instance_id() == Some(inst.id.as_str()) => {
                     seen.insert(inst.id.clone());
+                    if let InstanceState::Interrupting { at_ms } = inst.state {
+                        self.burst_notice(&bid, at_ms, &format!("{provider}'s listing"), fx, now);
+                        continue;
+                    }
                     let taken_back = gone
                         || matches!(inst.state, InstanceState::Interrupted)
                         || (matches!(inst.state, InstanceState::Stopping)

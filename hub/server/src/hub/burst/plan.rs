@@ -275,6 +275,7 @@ impl Inner {
             joined_at_ms: None,
             instance_seen_ms: None,
             idle_since_ms: None,
+            interruption_at_ms: None,
             ended_at_ms: None,
             attempts: 0,
             retry_at_ms: 0,
