@@ -544,6 +544,54 @@ fn burst_region_not_served_is_a_warning() {
 }
 
 #[test]
+fn a_provider_region_not_named_as_its_catalog_names_regions_is_a_warning() {
+    // RunPod names data centers `US-KS-2`; a provider region `US` matched
+    // none of them, so the example policy's RunPod provider offered nothing.
+    let runpod = PROVIDER
+        .replace("name: aws-east", "name: rp")
+        .replace("type: aws", "type: runpod")
+        .replace("regions: [us-east-1]", "regions: [US-KS-2, US, eu-ro-1]");
+    let loaded = ok(&policy(&[(
+        "providers.yaml",
+        &format!("{PROVIDER}---\n{runpod}"),
+    )]));
+    let d = find(
+        &loaded.warnings,
+        "region `US` is not a RunPod data-center id",
+    );
+    assert_eq!(d.severity, Severity::Warning);
+    at(
+        d,
+        "providers.yaml",
+        17,
+        22,
+        "BurstProvider/rp.spec.regions[1]",
+    );
+    assert!(d.hint.as_deref().unwrap().contains("US-KS-2"), "{d:?}");
+    find(
+        &loaded.warnings,
+        "region `eu-ro-1` is not a RunPod data-center id",
+    );
+    assert!(
+        !loaded
+            .warnings
+            .iter()
+            .any(|d| d.message.contains("`US-KS-2`") || d.message.contains("`us-east-1`")),
+        "{:?}",
+        loaded.warnings
+    );
+    // EC2 and Lambda regions are lower case.
+    let loaded = ok(&policy(&[(
+        "providers.yaml",
+        &PROVIDER.replace("regions: [us-east-1]", "regions: [us-east-1, US-EAST-1]"),
+    )]));
+    find(
+        &loaded.warnings,
+        "region `US-EAST-1` is not an AWS region name",
+    );
+}
+
+#[test]
 fn burst_region_patterns_match_the_providers_regions() {
     // `us-*` is served (us-east-1); `eu-*` is not.
     let loaded = ok(&policy(&[(

@@ -3,17 +3,18 @@
 
 use super::*;
 
-pub(crate) const SPEC_PATH: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/specs/runpod-rest-v2-openapi.json"
-);
+/// The saved spec, found from this file so that the hub's scenarios, which
+/// include this fake from another crate, read the same one.
+const SPEC_TEXT: &str = include_str!("../specs/runpod-rest-v2-openapi.json");
 pub(crate) const KEY: &str = "rp-test-key-SECRET-0123";
 pub(crate) const H100: &str = "NVIDIA H100 80GB HBM3";
 pub(crate) const RTX4090: &str = "NVIDIA GeForce RTX 4090";
 
 pub(crate) fn spec() -> &'static Spec {
     static SPEC: OnceLock<Spec> = OnceLock::new();
-    SPEC.get_or_init(|| Spec::load(SPEC_PATH))
+    SPEC.get_or_init(|| {
+        Spec::parse(SPEC_TEXT).unwrap_or_else(|e| panic!("runpod-rest-v2-openapi.json: {e}"))
+    })
 }
 
 // ---------------------------------------------------------------- the fake
@@ -69,6 +70,9 @@ pub(crate) struct Armed {
     pub(crate) sticky: bool,
 }
 
+/// Called with each pod's id and body right after the pod is made.
+pub(crate) type CreateHook = Arc<dyn Fn(&str, &Value) + Send + Sync>;
+
 #[derive(Default)]
 pub(crate) struct FakeState {
     pub(crate) gpus: Vec<FakeGpu>,
@@ -78,6 +82,9 @@ pub(crate) struct FakeState {
     pub(crate) violations: Vec<String>,
     /// Every request: method, path, and its JSON body.
     pub(crate) requests: Vec<(String, String, Option<Value>)>,
+    /// Called with each pod made (its id and JSON): the hub's scenarios
+    /// "boot" it by running its boot script.
+    pub(crate) on_create: Option<CreateHook>,
 }
 
 pub(crate) type Shared = Arc<Mutex<FakeState>>;
@@ -195,6 +202,26 @@ impl Fake {
             fault,
             sticky: true,
         });
+    }
+
+    /// `hook` is called with every pod made from then on.
+    // Used by the hub's RunPod scenario (tests/e2e/burst/runpod.rs).
+    #[allow(dead_code)]
+    pub(crate) fn on_create(&self, hook: impl Fn(&str, &Value) + Send + Sync + 'static) {
+        self.state.lock().unwrap().on_create = Some(Arc::new(hook));
+    }
+
+    /// The pods there are: (id, status, env).
+    #[allow(dead_code)]
+    pub(crate) fn pods(&self) -> Vec<(String, String, Value)> {
+        let st = self.state.lock().unwrap();
+        st.pods
+            .iter()
+            .map(|(id, p)| {
+                let status = p["status"].as_str().unwrap_or_default().to_string();
+                (id.clone(), status, p["env"].clone())
+            })
+            .collect()
     }
 
     pub(crate) fn clear_faults(&self) {
@@ -557,7 +584,10 @@ pub(crate) async fn create_pod(
         &dc,
         price * count as f64,
     );
-    st.pods.insert(id, pod.clone());
+    st.pods.insert(id.clone(), pod.clone());
+    if let Some(hook) = st.on_create.clone() {
+        hook(&id, &pod);
+    }
     match take_fault(&mut st, op, true) {
         Some(Fault::CreateThen { status, body }) => {
             return reply(status, "application/json", body.to_string(), &[]);

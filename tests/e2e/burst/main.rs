@@ -7,11 +7,13 @@
 //!
 //! One binary, scenarios one at a time (`harness::SERIAL`): `lambda` (the
 //! lifecycle, a kill -9 mid-launch, a reclaim), `guards` (residency,
-//! thresholds, a provider answering 500), `spot` (a spot instance on moto
-//! taken back) and `fleet` (200 wishes on moto).
+//! thresholds, a provider answering 500), `runpod` (the lifecycle and the
+//! reaper on RunPod's spec-checked fake), `spot` (spot instances on moto:
+//! taken back, and given notice) and `fleet` (200 wishes on moto).
 
 mod fleet;
 mod guards;
 mod harness;
 mod lambda;
+mod runpod;
 mod spot;
