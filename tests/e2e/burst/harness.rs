@@ -296,20 +296,34 @@ pub(crate) fn booter(
         if !*boot.lock().unwrap() {
             return;
         }
-        let data = dir.join(&l.id);
-        let log = std::fs::File::create(dir.join(format!("{}.log", l.id))).unwrap();
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(&l.user_data)
-            .env("AXLE_DATA_DIR", &data)
-            .env_remove("AXLE_JOIN_TOKEN")
-            .env_remove("AXLE_CA_FILE")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("boot the instance");
-        machines.lock().unwrap().push(child);
+        machines
+            .lock()
+            .unwrap()
+            .push(boot_machine(&dir, &l.id, &l.user_data));
     }
+}
+
+/// Boots machine `id`: runs its boot script `user_data` with `sh`, as
+/// cloud-init (or a pod's entrypoint) would.
+pub(crate) fn boot_machine(dir: &std::path::Path, id: &str, user_data: &str) -> Child {
+    boot_command(dir, id, user_data)
+        .spawn()
+        .expect("boot the machine")
+}
+
+/// The command [`boot_machine`] runs: its spoke keeps its identity in
+/// `dir/<id>` and its log in `dir/<id>.log`.
+pub(crate) fn boot_command(dir: &std::path::Path, id: &str, user_data: &str) -> Command {
+    let log = std::fs::File::create(dir.join(format!("{id}.log"))).unwrap();
+    let mut boot = Command::new("sh");
+    boot.arg("-c")
+        .arg(user_data)
+        .env("AXLE_DATA_DIR", dir.join(id))
+        .env_remove("AXLE_JOIN_TOKEN")
+        .env_remove("AXLE_CA_FILE")
+        .stdout(Stdio::null())
+        .stderr(log);
+    boot
 }
 
 pub(crate) async fn start(fake: &FakeLambda) -> Env {

@@ -9,7 +9,7 @@
 //! claims is reaped, another's is left alone.
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -77,8 +77,8 @@ spec:
   idleTimeoutSeconds: 2
 "#;
 
-/// Boots each pod the fake makes: runs its `AXLE_USER_DATA` with `sh`, the
-/// spoke keeping its identity in `dir/<pod id>`; remembers the hub's tag.
+/// Boots each pod the fake makes from its `AXLE_USER_DATA`; remembers the
+/// hub's tag.
 fn boot_pods(
     fake: &Fake,
     dir: std::path::PathBuf,
@@ -96,18 +96,10 @@ fn boot_pods(
         let Some(script) = pod["env"]["AXLE_USER_DATA"].as_str() else {
             return;
         };
-        let log = std::fs::File::create(dir.join(format!("{id}.log"))).unwrap();
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .env("AXLE_DATA_DIR", dir.join(id))
-            .env_remove("AXLE_JOIN_TOKEN")
-            .env_remove("AXLE_CA_FILE")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("boot the pod");
-        machines.lock().unwrap().push(child);
+        machines
+            .lock()
+            .unwrap()
+            .push(boot_machine(&dir, id, script));
     });
 }
 

@@ -8,7 +8,7 @@
 //!   its checkpoint signal in time (it saves), re-queues it and terminates
 //!   the instance itself.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -208,15 +208,7 @@ async fn run_on_spot(command: &[&str], imds: Option<&str>) -> OnSpot {
     );
 
     // The instance boots: cloud-init runs the user-data.
-    let log = std::fs::File::create(env.dir.path().join(format!("{instance}.log"))).unwrap();
-    let mut boot = Command::new("sh");
-    boot.arg("-c")
-        .arg(&script)
-        .env("AXLE_DATA_DIR", env.dir.path().join(&instance))
-        .env_remove("AXLE_JOIN_TOKEN")
-        .env_remove("AXLE_CA_FILE")
-        .stdout(Stdio::null())
-        .stderr(log);
+    let mut boot = boot_command(env.dir.path(), &instance, &script);
     if let Some(url) = imds {
         boot.env("AXLE_IMDS_ENDPOINT", url);
     }
