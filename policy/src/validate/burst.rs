@@ -189,23 +189,30 @@ fn region_shape(
     provider: ProviderTypeSpec,
     region: &str,
 ) -> Result<(), (&'static str, &'static str)> {
+    let (upper, what, example) = match provider {
+        ProviderTypeSpec::Runpod => (true, "a RunPod data-center id", "US-KS-2 or EU-RO-1"),
+        ProviderTypeSpec::Aws => (false, "an AWS region name", "us-east-1 or eu-west-1"),
+        ProviderTypeSpec::Lambda => (
+            false,
+            "a Lambda region name",
+            "us-east-1 or europe-central-1",
+        ),
+    };
+    let letter = |b: u8| {
+        if upper {
+            b.is_ascii_uppercase()
+        } else {
+            b.is_ascii_lowercase()
+        }
+    };
+    // Words of that case, the last one a number: `us-east-1`, `US-KS-2`.
     let parts: Vec<&str> = region.split('-').collect();
-    let numbered = parts.len() >= 3
+    let shaped = parts.len() >= 3
         && parts
             .last()
             .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        && parts.iter().all(|p| !p.is_empty());
-    let all = |f: fn(u8) -> bool| {
-        parts
+        && parts
             .iter()
-            .all(|p| p.bytes().all(|b| f(b) || b.is_ascii_digit()))
-    };
-    match provider {
-        ProviderTypeSpec::Runpod if numbered && all(|b| b.is_ascii_uppercase()) => Ok(()),
-        ProviderTypeSpec::Runpod => Err(("a RunPod data-center id", "US-KS-2 or EU-RO-1")),
-        ProviderTypeSpec::Aws if numbered && all(|b| b.is_ascii_lowercase()) => Ok(()),
-        ProviderTypeSpec::Aws => Err(("an AWS region name", "us-east-1 or eu-west-1")),
-        ProviderTypeSpec::Lambda if numbered && all(|b| b.is_ascii_lowercase()) => Ok(()),
-        ProviderTypeSpec::Lambda => Err(("a Lambda region name", "us-east-1 or europe-central-1")),
-    }
+            .all(|p| !p.is_empty() && p.bytes().all(|b| letter(b) || b.is_ascii_digit()));
+    if shaped { Ok(()) } else { Err((what, example)) }
 }

@@ -114,12 +114,7 @@ async fn a_team_held_to_europe_never_bursts_to_the_us_its_thresholds_are_told_an
 
     // Baseline: submit to running on an idle on-prem cluster.
     let t0 = Instant::now();
-    let blocker = env.submit("blocker", "sleep 300", false, 600).await;
-    wait("the blocker to run on-prem", &env, 30, async || {
-        let w = env.workload(blocker).await;
-        (w["state"] == "Running" && w["cluster"] == "onprem").then_some(())
-    })
-    .await;
+    let blocker = env.fill_onprem("sleep 300").await;
     let baseline_ms = t0.elapsed().as_millis();
 
     // Residency: only the US offer has capacity, and it is not taken.

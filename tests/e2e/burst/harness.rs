@@ -196,6 +196,18 @@ impl Env {
         v["id"].as_u64().unwrap()
     }
 
+    /// Takes the on-prem H100: submits `blocker` (no burst) running
+    /// `command` and waits until it runs on `onprem`; its id.
+    pub(crate) async fn fill_onprem(&self, command: &str) -> u64 {
+        let blocker = self.submit("blocker", command, false, 600).await;
+        wait("the blocker to run on-prem", self, 30, async || {
+            let w = self.workload(blocker).await;
+            (w["state"] == "Running" && w["cluster"] == "onprem").then_some(())
+        })
+        .await;
+        blocker
+    }
+
     /// Cancels workload `id` (DELETE), whatever it is doing.
     pub(crate) async fn cancel(&self, id: u64) {
         self.http

@@ -60,12 +60,7 @@ async fn on_prem_full_bursts_to_the_cheapest_offer_runs_and_settles_to_the_secon
     onprem_spoke(&mut env).await;
 
     // The on-prem GPU is taken; the next workload may burst.
-    let blocker = env.submit("blocker", "sleep 120", false, 600).await;
-    wait("the blocker to run on-prem", &env, 30, async || {
-        let w = env.workload(blocker).await;
-        (w["state"] == "Running" && w["cluster"] == "onprem").then_some(())
-    })
-    .await;
+    env.fill_onprem("sleep 120").await;
     let submitted = Instant::now();
     let bursty = env.submit("bursty", "sleep 2", true, 600).await;
     let w = wait("the burst workload to succeed", &env, 60, async || {
@@ -304,12 +299,7 @@ async fn killed_mid_launch(store: Option<String>) {
     ));
     let _machines = scopeguard(machines.clone());
     onprem_spoke(&mut env).await;
-    let blocker = env.submit("blocker", "sleep 300", false, 600).await;
-    wait("the blocker to run on-prem", &env, 30, async || {
-        let w = env.workload(blocker).await;
-        (w["state"] == "Running").then_some(())
-    })
-    .await;
+    let blocker = env.fill_onprem("sleep 300").await;
 
     // The provider makes the instance, and the hub dies before it hears so.
     fake.hang_launches(true);

@@ -127,12 +127,7 @@ async fn on_prem_full_bursts_to_a_runpod_pod_that_runs_the_work_is_deleted_when_
     );
     onprem_spoke(&mut env).await;
 
-    let blocker = env.submit("blocker", "sleep 120", false, 600).await;
-    wait("the blocker to run on-prem", &env, 30, async || {
-        let w = env.workload(blocker).await;
-        (w["state"] == "Running" && w["cluster"] == "onprem").then_some(())
-    })
-    .await;
+    let blocker = env.fill_onprem("sleep 120").await;
     let submitted = Instant::now();
     let bursty = env.submit("bursty", "sleep 2", true, 600).await;
     let w = wait("the burst workload to succeed", &env, 60, async || {
@@ -169,9 +164,9 @@ async fn on_prem_full_bursts_to_a_runpod_pod_that_runs_the_work_is_deleted_when_
     })
     .await;
     assert!(
-        fake.pods().is_empty(),
+        fake.pod_ids().is_empty(),
         "nothing left running at RunPod: {:?}",
-        fake.pods()
+        fake.pod_ids()
     );
     let launched = micro(&settled["launched_at_ms"]);
     let joined = micro(&settled["joined_at_ms"]);
@@ -204,7 +199,7 @@ async fn on_prem_full_bursts_to_a_runpod_pod_that_runs_the_work_is_deleted_when_
     let theirs = fake.seed_pod("notebook", json!({"JUPYTER_TOKEN": "x"}));
     let t0 = Instant::now();
     wait("the orphan pod to be deleted", &env, 30, async || {
-        let ids: Vec<String> = fake.pods().into_iter().map(|p| p.0).collect();
+        let ids: Vec<String> = fake.pod_ids();
         (!ids.contains(&orphan)).then_some(())
     })
     .await;
@@ -216,7 +211,7 @@ async fn on_prem_full_bursts_to_a_runpod_pod_that_runs_the_work_is_deleted_when_
             .any(|e| e["message"].as_str().is_some_and(|m| m.contains(&orphan))),
         "{reaped:?}"
     );
-    let left: Vec<String> = fake.pods().into_iter().map(|p| p.0).collect();
+    let left: Vec<String> = fake.pod_ids();
     assert_eq!(left, vec![theirs], "only the other pod is left");
 
     env.cancel(blocker).await;
