@@ -38,14 +38,19 @@ const DEFAULT_HUB: &str = "http://127.0.0.1:7070";
     after_help = exit::HELP
 )]
 struct Cli {
-    /// Hub URL for commands that talk to the hub.
-    #[arg(long, global = true, env = "AXLE_HUB", default_value = DEFAULT_HUB)]
-    hub: String,
-    /// PEM CA certificate(s) to trust for an https:// hub, besides the system's.
-    #[arg(long, global = true, env = "AXLE_CA_FILE")]
+    // The three connection flags read their environment variables after
+    // parsing (`from_env`), not through clap's `env`: clap lists every
+    // argument it matched, environment included, in a usage error's
+    // `Usage:` line, so a mistyped `submit` showed `--hub <HUB> --ca-file
+    // <CA_FILE> --token <TOKEN>` the user never typed.
+    /// Hub URL for commands that talk to the hub [env: AXLE_HUB] [default: http://127.0.0.1:7070].
+    #[arg(long, global = true)]
+    hub: Option<String>,
+    /// PEM CA certificate(s) to trust for an https:// hub, besides the system's [env: AXLE_CA_FILE].
+    #[arg(long, global = true)]
     ca_file: Option<std::path::PathBuf>,
-    /// API token (default: the one `axle login` saved).
-    #[arg(long, global = true, env = "AXLE_TOKEN", hide_env_values = true)]
+    /// API token (default: the one `axle login` saved) [env: AXLE_TOKEN].
+    #[arg(long, global = true)]
     token: Option<String>,
     #[command(subcommand)]
     command: Command,
@@ -60,7 +65,7 @@ enum Command {
     Simulate(simulate_cmd::SimulateArgs),
     /// Submit a workload: `axle submit --team T --gpus 0.5 -- python train.py`.
     Submit(workload_cmd::SubmitArgs),
-    /// List workloads, clusters or teams.
+    /// List workloads, clusters, teams, events, hub replicas or burst instances.
     Get(get_cmd::GetArgs),
     /// Show one object in detail.
     #[command(subcommand)]
@@ -108,13 +113,31 @@ fn exit_quietly_on_broken_pipe() {
     }));
 }
 
+/// Writes `bytes` to stdout; a reader that left is no error (see
+/// [`exit_quietly_on_broken_pipe`]).
+fn write_stdout(bytes: &[u8]) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: cannot write to stdout: {e}");
+            ExitCode::from(exit::USAGE)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     exit_quietly_on_broken_pipe();
     let cli = Cli::parse();
     match cli.command {
         Command::Completion { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "axle", &mut std::io::stdout());
-            ExitCode::SUCCESS
+            // Written whole at the end: clap_complete panics on a write
+            // error of its own (a reader that left, `| head -1`).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "axle", &mut script);
+            write_stdout(&script)
         }
         Command::Policy(cmd) => offline(policy_cmd::run(cmd)),
         Command::Simulate(args) => offline(simulate_cmd::run(args)),
@@ -122,7 +145,15 @@ fn main() -> ExitCode {
             // reqwest is built with `rustls-no-provider`: install one before
             // any client exists, or building it panics.
             client::install_crypto_provider();
-            match run_hub_command(&cli.hub, cli.ca_file.as_deref(), cli.token, command) {
+            let hub = cli
+                .hub
+                .or_else(|| env_value("AXLE_HUB"))
+                .unwrap_or_else(|| DEFAULT_HUB.to_string());
+            let ca_file = cli
+                .ca_file
+                .or_else(|| env_value("AXLE_CA_FILE").map(Into::into));
+            let token = cli.token.or_else(|| env_value("AXLE_TOKEN"));
+            match run_hub_command(&hub, ca_file.as_deref(), token, command) {
                 Ok(code) => code,
                 Err(e) => {
                     let (code, lines) = exit::classify(&e);
@@ -134,6 +165,11 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// An environment variable's value, when set and not empty.
+fn env_value(var: &str) -> Option<String> {
+    std::env::var(var).ok().filter(|v| !v.is_empty())
 }
 
 /// Errors of the offline commands keep their historical exit code 2.

@@ -145,8 +145,15 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         for (reason, n) in &trace.skipped {
             eprintln!("note: skipped {n} rows: {reason}");
         }
-        for n in &notes {
-            eprintln!("note: {n}");
+        // One line however many teams were made up (a trace of 15 teams
+        // printed 15 notes); `--output json` keeps one note per team.
+        match notes.as_slice() {
+            [] => {}
+            [one] => eprintln!("note: {one}"),
+            many => eprintln!(
+                "note: {} teams of the trace are not in the policy: each was created with a guarantee in proportion to its share of the trace's GPU-hours (see `--output json` `notes`)",
+                many.len()
+            ),
         }
     }
 

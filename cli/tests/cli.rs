@@ -185,24 +185,27 @@ fn simulate_reports_a_malformed_row_with_file_and_line() {
 #[test]
 fn a_closed_pipe_ends_the_output_quietly() {
     // Observed: `axle … | head -1` panicked ("failed printing to stdout:
-    // Broken pipe") once the reader had gone.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_axle"))
-        .args(["policy", "schema"])
-        .current_dir(root())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run axle");
-    // The reader goes away before reading anything.
-    drop(child.stdout.take());
-    let out = child.wait_with_output().expect("wait for axle");
-    let stderr = text(&out.stderr);
-    assert!(!stderr.contains("panicked"), "stderr: {stderr}");
-    assert!(
-        out.status.success(),
-        "status {:?}, stderr: {stderr}",
-        out.status
-    );
+    // Broken pipe") once the reader had gone; `axle completion bash | head
+    // -1` panicked in clap_complete ("failed to write completion file").
+    for args in [&["policy", "schema"][..], &["completion", "bash"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_axle"))
+            .args(args)
+            .current_dir(root())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run axle");
+        // The reader goes away before reading anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait for axle");
+        let stderr = text(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: stderr: {stderr}");
+        assert!(
+            out.status.success(),
+            "{args:?}: status {:?}, stderr: {stderr}",
+            out.status
+        );
+    }
 }
 
 #[test]
@@ -217,4 +220,89 @@ fn completion_scripts_cover_the_commands() {
     }
     let out = axle(&["completion", "tcsh"]);
     assert!(!out.status.success());
+}
+
+#[test]
+fn policy_check_of_an_empty_directory_fails() {
+    // Observed: `axle policy check` of a directory without policy files
+    // said "policy OK: 0 teams, …".
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = axle(&["policy", "check", dir.path().to_str().expect("utf8")]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("no policy files"), "{stderr}");
+    assert!(!text(&out.stdout).contains("policy OK"));
+}
+
+#[test]
+fn help_names_everything_get_lists() {
+    // Observed: `axle --help` described `get` as "List workloads, clusters
+    // or teams", though it also lists events, hub replicas and burst.
+    let out = axle(&["--help"]);
+    let stdout = text(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("get "))
+        .unwrap_or_else(|| panic!("no get line in {stdout}"));
+    for what in ["workloads", "clusters", "teams", "events", "hub", "burst"] {
+        assert!(line.contains(what), "{line}");
+    }
+}
+
+#[test]
+fn a_usage_error_lists_only_what_was_typed() {
+    // Observed: with AXLE_HUB, AXLE_CA_FILE and AXLE_TOKEN set, a
+    // mistyped `submit` printed `Usage: axle submit --team <TEAM> … --hub
+    // <HUB> --ca-file <CA_FILE> --token <TOKEN> -- <CMD>...`.
+    let out = Command::new(env!("CARGO_BIN_EXE_axle"))
+        .args(["submit", "--gpus", "1"])
+        .env("AXLE_HUB", "http://127.0.0.1:9")
+        .env("AXLE_CA_FILE", "/nonexistent/ca.pem")
+        .env("AXLE_TOKEN", "secret")
+        .output()
+        .expect("run axle");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("--team <TEAM>"), "{stderr}");
+    for flag in ["--hub", "--ca-file", "--token", "secret"] {
+        assert!(!stderr.contains(flag), "{flag} in: {stderr}");
+    }
+}
+
+#[test]
+fn connection_flags_still_come_from_the_environment() {
+    // AXLE_CA_FILE is read although clap no longer reads it: a missing file
+    // is named before any request is made.
+    let out = Command::new(env!("CARGO_BIN_EXE_axle"))
+        .args(["get", "workloads"])
+        .env("AXLE_HUB", "https://127.0.0.1:9")
+        .env("AXLE_CA_FILE", "/nonexistent/axle-ca.pem")
+        .output()
+        .expect("run axle");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("/nonexistent/axle-ca.pem"), "{stderr}");
+}
+
+#[test]
+fn simulate_notes_invented_teams_once() {
+    // Observed: `axle simulate` printed one `note:` per team of the trace
+    // missing from the policy (15 on Philly).
+    let out = axle(&[
+        "simulate",
+        "--policy",
+        "deploy/examples/policy",
+        "--trace",
+        "hub/sim/testdata/traces/philly-sample.csv",
+        "--capacity",
+        "64",
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let notes = stderr.lines().filter(|l| l.starts_with("note: ")).count();
+    assert_eq!(notes, 1, "{stderr}");
+    assert!(
+        stderr.contains("teams of the trace are not in the policy"),
+        "{stderr}"
+    );
 }

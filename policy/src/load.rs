@@ -52,13 +52,17 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, LoadFailure> {
     let root = dir.display().to_string();
     if sources.is_empty() && problems.is_empty() {
         problems.push(Diagnostic {
-            severity: Severity::Warning,
+            // An error, not a warning: a policy without teams admits no
+            // workload, and an empty directory is nearly always a wrong path.
+            severity: Severity::Error,
             file: root,
             line: 0,
             column: 0,
             path: String::new(),
             message: "no policy files (*.yaml, *.yml) found".to_string(),
-            hint: Some("the policy has no teams, so no workload can run".to_string()),
+            hint: Some(
+                "a policy needs at least one Team document; see `axle policy schema`".to_string(),
+            ),
             source_line: None,
         });
     }

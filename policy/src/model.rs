@@ -348,7 +348,7 @@ pub struct Settings {
     pub spoke_lost_after_s: u64,
     /// Priority class of a workload that names none.
     pub default_priority_class: String,
-    /// Whose workloads a team's work may preempt (DESIGN.md invariant 3).
+    /// Whose workloads a team's work may preempt (ARCHITECTURE.md, invariant 3).
     pub cross_team_preemption: CrossTeamPreemption,
     /// Known GPU classes (built-ins plus `gpuClasses` from the file).
     pub gpu_classes: Vec<String>,

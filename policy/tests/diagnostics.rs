@@ -783,8 +783,9 @@ fn load_dir_walks_sorted_skips_hidden_and_non_yaml() {
     assert!(missing.errors[0].message.contains("cannot read directory"));
 
     let empty = tempfile::tempdir().unwrap();
-    let loaded = ok_dir(empty.path());
-    find(&loaded.warnings, "no policy files");
+    // Observed: `axle policy check` of an empty directory said "policy OK".
+    let failure = load_dir(empty.path()).unwrap_err();
+    find(&failure.errors, "no policy files");
 }
 
 fn ok_dir(dir: &std::path::Path) -> Loaded {

@@ -31,6 +31,8 @@ pub struct SpokeConfig {
     /// replicas' comma-separated.
     pub hub_url: String,
     pub cluster: String,
+    /// What the spoke claims; empty: the policy's Cluster document decides
+    /// (the hub refuses a region that differs from it).
     pub region: String,
     pub labels: BTreeMap<String, String>,
     pub nodes: Vec<NodeSpec>,

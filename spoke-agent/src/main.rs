@@ -32,9 +32,11 @@ struct Args {
     /// Name of this cluster.
     #[arg(long, value_name = "NAME", value_parser = parse_cluster)]
     cluster: String,
-    /// Region the cluster is in.
-    #[arg(long, default_value = "local", value_name = "R")]
-    region: String,
+    /// Region the cluster is in. A cluster the policy declares takes its
+    /// region from its Cluster document (leave this out, or give the same);
+    /// an undeclared one without it is in region `local`.
+    #[arg(long, value_name = "R")]
+    region: Option<String>,
     /// A label `k=v` (repeatable).
     #[arg(long = "label", value_name = "K=V", value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -199,7 +201,7 @@ fn real_main(args: Args) -> anyhow::Result<()> {
         hub_ca_pem,
         hub_url: args.hub_url,
         cluster: args.cluster,
-        region: args.region,
+        region: args.region.unwrap_or_default(),
         labels: args.labels.into_iter().collect::<BTreeMap<_, _>>(),
         nodes,
         data_dir,

@@ -1,6 +1,7 @@
 //! The `axle` CLI against a real hub: submit (a fraction), get, describe,
 //! logs and cancel succeed with exit code 0; a refused submit exits 1 and an
-//! unreachable hub exits 3, each with a message saying why.
+//! unreachable hub exits 3, each with a message saying why. Its spoke
+//! names no region: the cluster's policy document gives it.
 
 use std::time::Duration;
 
@@ -25,9 +26,22 @@ async fn submit_id(hub: &str, what: &str, args: &[&str]) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
-    let env = Env::start(&["common", "api"], &[("lab", "eu-west", &["8xH100:80GB"])]).await;
+    // The spoke is started without `--region` (an empty region here): its
+    // Cluster document says eu-west. Observed: such a spoke sent "local"
+    // and was refused ("start the spoke with --region eu-west or without
+    // --region"), so the hub never became Ready.
+    let env = Env::start(&["common", "api"], &[("lab", "", &["8xH100:80GB"])]).await;
     let api = env.api();
     let hub = env.hub.http_url();
+    let clusters = api.clusters().await;
+    let lab = clusters
+        .iter()
+        .find(|c| c.name == "lab")
+        .expect("cluster lab");
+    assert_eq!(
+        (lab.state.as_str(), lab.region.as_str()),
+        ("Ready", "eu-west")
+    );
 
     // submit a fractional workload, as JSON.
     let out = axle_cli(

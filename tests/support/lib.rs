@@ -447,6 +447,7 @@ impl HubProc {
 #[derive(Debug, Clone)]
 pub struct SpokeSpec {
     pub cluster: String,
+    /// `--region`; empty: none is given.
     pub region: String,
     /// `--gpus` values, one node each, e.g. `4xH100:80GB`.
     pub gpus: Vec<String>,
@@ -503,8 +504,13 @@ impl SpokeProc {
             .arg(hub_grpc)
             .arg("--cluster")
             .arg(&spec.cluster)
-            .arg("--region")
-            .arg(&spec.region)
+            .args(
+                // An empty region: the spoke leaves it to the policy.
+                (!spec.region.is_empty())
+                    .then_some(["--region", spec.region.as_str()])
+                    .into_iter()
+                    .flatten(),
+            )
             .arg("--data-dir")
             .arg(&spec.data_dir)
             .env("E2E_CLUSTER", &spec.cluster)

@@ -248,6 +248,10 @@ pub struct Holding {
     /// The team runs above its guarantee in that quota class: what it holds
     /// there is (in part) borrowed.
     pub borrowing: bool,
+    /// How much of `gpus` is above the team's guarantee (what it borrows,
+    /// at most what it holds here); the rest is within its guarantee.
+    #[serde(default, rename = "borrowed_gpus", with = "as_gpus")]
+    pub borrowed: Milli,
     /// The waiting request may preempt some of it (by priority, or to
     /// reclaim its own guarantee).
     pub preemptible_by_it: bool,
@@ -383,16 +387,19 @@ impl fmt::Display for CapacityDetail {
             .holders
             .iter()
             .map(|h| {
-                format!(
-                    "{} held by {} {}",
-                    h.gpus,
-                    h.team,
-                    if h.borrowing {
-                        "above its guarantee"
-                    } else {
-                        "within its guarantee"
-                    }
-                )
+                if h.borrowed == Milli::ZERO {
+                    format!("{} held by {} within its guarantee", h.gpus, h.team)
+                } else if h.borrowed >= h.gpus {
+                    format!("{} borrowed by {}", h.gpus, h.team)
+                } else {
+                    format!(
+                        "{} held by {} ({} within its guarantee, {} borrowed)",
+                        h.gpus,
+                        h.team,
+                        h.gpus.saturating_sub(h.borrowed),
+                        h.borrowed
+                    )
+                }
             })
             .collect();
         let held: Milli = self.holders.iter().map(|h| h.gpus).sum();

@@ -1,4 +1,4 @@
-//! Property tests of the scheduling invariants (DESIGN.md 1–3) and of
+//! Property tests of the scheduling invariants (ARCHITECTURE.md, "Invariants the tests prove" 1–3) and of
 //! determinism, over random clusters, policies and workload streams run for
 //! several cycles; plus checks that the checkers themselves catch violations.
 

@@ -250,12 +250,23 @@ impl<'s> Work<'s> {
         }
         let mut holders: Vec<Holding> = held
             .into_iter()
-            .map(|(t, (gpus, preemptible_by_it))| Holding {
-                team: self.s.cat.teams[t as usize].name.clone(),
-                gpus,
-                borrowing: (0..self.s.cat.teams[t as usize].slots.len())
-                    .any(|i| self.is_borrower(t, i as u16, Milli::ZERO)),
-                preemptible_by_it,
+            .map(|(t, (gpus, preemptible_by_it))| {
+                let info = &self.s.cat.teams[t as usize];
+                // What the team runs above its guarantees, at most what it
+                // holds here.
+                let above: Milli = info
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .map(|(i, slot)| self.usage[t as usize][i].saturating_sub(slot.1))
+                    .sum();
+                Holding {
+                    team: info.name.clone(),
+                    gpus,
+                    borrowing: above > Milli::ZERO,
+                    borrowed: above.min(gpus),
+                    preemptible_by_it,
+                }
             })
             .collect();
         holders.sort_by(|a, b| b.gpus.cmp(&a.gpus).then_with(|| a.team.cmp(&b.team)));

@@ -1,5 +1,5 @@
 //! Preemption: the cheapest set of running workloads whose eviction lets a
-//! request fit, under the rules of DESIGN.md invariant 3:
+//! request fit, under the preemption rules of ARCHITECTURE.md (invariant 3):
 //!
 //! - a class with an empty `preemptibleBy` (production) is never preempted;
 //! - within a team, higher priority preempts lower priority as the victim
@@ -51,6 +51,10 @@ pub(super) struct Victim {
     pub lost: u128,
     /// Holds GPUs of the scope (else it only frees its team's quota).
     pub in_scope: bool,
+    /// Milli-GPUs its eviction takes its team below its guarantee: a
+    /// reclaim takes a borrowing team's workload whole, and a gang (or any
+    /// workload) larger than what its team borrows cannot be cut.
+    pub below_guarantee: u64,
 }
 
 /// A victim set that lets the request fit in one cluster.
@@ -61,15 +65,16 @@ pub(super) struct VictimPlan {
     pub victims: Vec<Victim>,
 }
 
-/// A candidate's rank, cheapest first: borrowers before workloads within
-/// their team's guarantee, lowest priority, least work lost, most recently
-/// started, highest id.
-type Rank = (bool, i32, u128, Reverse<u64>, Reverse<WorkloadId>);
+/// A candidate's rank, cheapest first: workloads whose eviction keeps their
+/// team at or above its guarantee before those too large for what their
+/// team borrows, borrowers before workloads within their team's guarantee,
+/// lowest priority, least work lost, most recently started, highest id.
+type Rank = (bool, bool, i32, u128, Reverse<u64>, Reverse<WorkloadId>);
 
-/// A victim set's cost, cheapest first: fewest victims within their team's
-/// guarantee, lowest highest priority, least work lost, fewest victims,
-/// fewest GPUs.
-type Cost = (usize, i32, u128, usize, u64);
+/// A victim set's cost, cheapest first: fewest GPUs taken below a victim
+/// team's guarantee, fewest victims within their team's guarantee, lowest
+/// highest priority, least work lost, fewest victims, fewest GPUs.
+type Cost = (u64, usize, i32, u128, usize, u64);
 
 #[derive(Debug, Clone, Copy)]
 struct Cand {
@@ -90,6 +95,8 @@ struct Search<'a> {
     spec: &'a WorkloadSpec,
     team: u32,
     class: u16,
+    /// The request fits its team's guarantee: it may reclaim.
+    reclaim: bool,
     choice: ModelChoice,
     cluster: u32,
     nodes: &'a [u32],
@@ -176,8 +183,10 @@ impl<'s> Work<'s> {
         bound
     }
 
-    fn rank(&self, r: &RunningWorkload) -> Rank {
+    /// `team` is the requesting team.
+    fn rank(&self, team: u32, r: &RunningWorkload) -> Rank {
         (
+            r.team != team && !self.is_borrower(r.team, r.slot, r.spec.total_gpus()),
             !self.is_borrower(r.team, r.slot, Milli::ZERO),
             self.s.cat.classes[r.class as usize].value,
             r.spec.lost_work_milli_ms(r.start_time_ms, self.now_ms),
@@ -219,7 +228,7 @@ impl<'s> Work<'s> {
                     .map(|v| &self.s.running[v])
                     .filter(|r| r.slot == slot && self.eligible(team, class, reclaim, r).is_some())
                     .map(|r| Cand {
-                        rank: self.rank(r),
+                        rank: self.rank(team, r),
                         id: r.spec.id,
                         in_scope: false,
                         by_priority: true,
@@ -280,7 +289,7 @@ impl<'s> Work<'s> {
                         }
                         for key in keys {
                             by_scope.entry(key).or_default().push(Cand {
-                                rank: self.rank(r),
+                                rank: self.rank(team, r),
                                 id: r.spec.id,
                                 in_scope: true,
                                 by_priority,
@@ -339,6 +348,7 @@ impl<'s> Work<'s> {
                     spec,
                     team,
                     class,
+                    reclaim,
                     choice,
                     cluster,
                     nodes: &nodes,
@@ -350,11 +360,12 @@ impl<'s> Work<'s> {
                     continue;
                 };
                 let cost = self.cost(&victims);
-                let ideal = (cost.0 == 0 || !self.borrowers_exist)
-                    && cost.3 == 1
-                    && cost.1 == self.lowest_class_value
-                    && cost.2 == 0
-                    && cost.4 == spec.total_gpus().0;
+                let ideal = cost.0 == 0
+                    && (cost.1 == 0 || !self.borrowers_exist)
+                    && cost.4 == 1
+                    && cost.2 == self.lowest_class_value
+                    && cost.3 == 0
+                    && cost.5 == spec.total_gpus().0;
                 if best.as_ref().is_none_or(|b| cost < b.0) {
                     best = Some((
                         cost,
@@ -390,7 +401,7 @@ impl<'s> Work<'s> {
                 let r = &self.s.running[&v];
                 if let Some(by_priority) = self.eligible(team, class, reclaim, r) {
                     cands.push(Cand {
-                        rank: self.rank(r),
+                        rank: self.rank(team, r),
                         id: v,
                         in_scope: true,
                         by_priority,
@@ -402,6 +413,7 @@ impl<'s> Work<'s> {
     }
 
     fn cost(&self, victims: &[Victim]) -> Cost {
+        let below: u64 = victims.iter().map(|v| v.below_guarantee).sum();
         let mut non_borrowers = 0;
         let mut max_prio = i32::MIN;
         let mut lost = 0u128;
@@ -415,7 +427,7 @@ impl<'s> Work<'s> {
             lost += v.lost;
             gpus += r.spec.total_gpus().0;
         }
-        (non_borrowers, max_prio, lost, victims.len(), gpus)
+        (below, non_borrowers, max_prio, lost, victims.len(), gpus)
     }
 
     /// Victims in one scope (candidates ranked cheapest first), or None.
@@ -493,6 +505,7 @@ impl<'s> Work<'s> {
             spec,
             team,
             class,
+            reclaim,
             choice,
             cluster,
             nodes,
@@ -519,16 +532,29 @@ impl<'s> Work<'s> {
                 continue;
             }
             let vc = &self.s.cat.classes[r.class as usize];
+            let mut below_guarantee = 0;
             if r.team != team && (self.s.cat.guarantees_hard || !c.by_priority) {
                 // Across teams only borrowed capacity: the victim's team stays
                 // at or above its guarantee after everything taken from it.
+                // A reclaim may also take a workload of a team that still
+                // borrows when that workload is larger than what the team
+                // borrows (a gang across its guarantee cannot be cut, and
+                // the reclaiming team is owed the GPUs it holds).
                 let already = removed.get(&(r.team, r.slot)).copied().unwrap_or_default();
-                if !self.is_borrower(r.team, r.slot, already + r.spec.total_gpus()) {
-                    refused.push(ci);
-                    continue;
+                let after = already + r.spec.total_gpus();
+                if !self.is_borrower(r.team, r.slot, after) {
+                    if !(reclaim && self.borrows_after(r.team, r.slot, already)) {
+                        refused.push(ci);
+                        continue;
+                    }
+                    let used = self.usage[r.team as usize][r.slot as usize];
+                    let g = self.s.cat.teams[r.team as usize].slots[r.slot as usize].1;
+                    below_guarantee = g.0.saturating_sub(used.0.saturating_sub(after.0));
                 }
             }
-            let why = if c.by_priority {
+            // Taking part of a team's guarantee is a reclaim, never a
+            // priority preemption.
+            let why = if c.by_priority && below_guarantee == 0 {
                 PreemptReason::Priority {
                     victim_class: vc.name.clone(),
                     preemptor_class: self.s.cat.classes[class as usize].name.clone(),
@@ -555,8 +581,9 @@ impl<'s> Work<'s> {
             chosen.push(Victim {
                 id: c.id,
                 why,
-                lost: c.rank.2,
+                lost: c.rank.3,
                 in_scope: c.in_scope,
+                below_guarantee,
             });
             if c.in_scope {
                 fits = self.fits_in(spec, choice.model, cluster, nodes, &free);
@@ -646,7 +673,7 @@ mod tests {
         run(&mut s, saved, 0, &[0], 0); // ran 1000 s, saved at 1000 s: loses 0
         run(&mut s, req(2, "b", "development", 1.0), 0, &[1], 900_000); // loses 100 s
         let w = Work::new(&s, true, 1_000_000);
-        assert!(w.rank(&s.running[&1]) < w.rank(&s.running[&2]));
+        assert!(w.rank(0, &s.running[&1]) < w.rank(0, &s.running[&2]));
         assert_eq!(s.running[&1].spec.lost_work_milli_ms(0, 1_000_000), 0);
     }
 }

@@ -133,7 +133,16 @@ impl<'s> Work<'s> {
         Ok(out)
     }
 
-    /// Is `team` above its guarantee on `slot` even after giving up `minus`?
+    /// Does `team` still run above its guarantee on `slot` (it borrows)
+    /// after giving up `minus`?
+    pub(super) fn borrows_after(&self, team: u32, slot: u16, minus: Milli) -> bool {
+        let used = self.usage[team as usize][slot as usize];
+        let g = self.s.cat.teams[team as usize].slots[slot as usize].1;
+        used.0 >= minus.0 && Milli(used.0 - minus.0) > g
+    }
+
+    /// Is `team` at or above its guarantee on `slot` after giving up
+    /// `minus` (above it, for `minus` zero)?
     pub(super) fn is_borrower(&self, team: u32, slot: u16, minus: Milli) -> bool {
         let used = self.usage[team as usize][slot as usize];
         let g = self.s.cat.teams[team as usize].slots[slot as usize].1;

@@ -750,9 +750,13 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
                             spec.team, v.spec.id
                         ));
                     }
-                    if vu < vg {
+                    // A reclaim takes only from a team that borrows: above
+                    // its guarantee before this eviction. It may end below
+                    // it only when the victim is larger than what its team
+                    // borrows (a gang cannot be cut).
+                    if vu + v.spec.total_gpus() <= vg {
                         return Err(format!(
-                            "reclaim for {} took team {} below its guarantee {vg} {vq} (now {vu}) by preempting {}",
+                            "reclaim for {} took team {} below its guarantee {vg} {vq} (now {vu}) by preempting {}, although it did not borrow",
                             spec.id, v.spec.team, v.spec.id
                         ));
                     }
@@ -797,7 +801,9 @@ pub fn check_decisions(inv: &Inventory, pre: &State, d: &Decisions) -> Result<()
 /// another team's such work only from what that team borrows (it stays at
 /// or above its guarantee) unless the policy says `crossTeamPreemption:
 /// any`; and — while its own team stays within its guarantee — any other
-/// team's preemptible work that keeps that team at or above its guarantee.
+/// team's preemptible work that keeps that team at or above its guarantee,
+/// or that is larger than what that team borrows while it borrows (a gang
+/// is reclaimed whole).
 ///
 /// To stay exact although the cycle changed things while it ran, every
 /// quantity is a bound that held at any moment of the cycle: free GPUs minus
@@ -956,19 +962,30 @@ pub fn check_no_missed_room(inv: &Inventory, pre: &State, d: &Decisions) -> Resu
                         if free + gain < w.gpus_per_replica.0 {
                             continue;
                         }
-                        // Teams that lose reclaim-only victims must stay at or
-                        // above their guarantee after losing every chosen one.
+                        // Teams that lose cross-team victims must stay at or
+                        // above their guarantee after losing every chosen one;
+                        // a reclaim may also take a team's workloads while the
+                        // team borrows before each (taken largest last), so a
+                        // workload larger than what its team borrows — a gang
+                        // across its guarantee — is taken whole.
                         let mut taken: BTreeMap<(String, String), Milli> = BTreeMap::new();
+                        let mut largest: BTreeMap<(String, String), Milli> = BTreeMap::new();
                         for (v, _) in &chosen {
-                            *taken
-                                .entry((v.spec.team.clone(), v.quota.0.clone()))
-                                .or_default() += v.spec.total_gpus();
+                            let k = (v.spec.team.clone(), v.quota.0.clone());
+                            *taken.entry(k.clone()).or_default() += v.spec.total_gpus();
+                            let l = largest.entry(k).or_default();
+                            *l = (*l).max(v.spec.total_gpus());
                         }
                         let ok = chosen.iter().all(|(v, by_priority)| {
                             (*by_priority && (!hard || v.spec.team == w.team)) || {
                                 let k = (v.spec.team.clone(), v.quota.0.clone());
-                                let lo = used_lo[&k];
-                                lo.0 >= taken[&k].0 && Milli(lo.0 - taken[&k].0) >= v.quota.1
+                                let lo = used_lo[&k].0 as i64;
+                                let after = lo - taken[&k].0 as i64;
+                                let g = v.quota.1.0 as i64;
+                                after >= g
+                                    || (reclaim
+                                        && v.spec.team != w.team
+                                        && after + largest[&k].0 as i64 > g)
                             }
                         });
                         if ok {

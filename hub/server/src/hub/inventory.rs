@@ -25,6 +25,10 @@ pub const MAX_NODES_PER_CLUSTER: usize = 10_000;
 /// Longest node name: a Kubernetes node name (a DNS subdomain) is at most 253.
 pub const MAX_NODE_NAME_BYTES: usize = 253;
 
+/// The region of a cluster that no Cluster document declares and whose
+/// spoke names none.
+pub const UNDECLARED_REGION: &str = "local";
+
 /// What the hub records of a registration once it passed the checks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Checked {
@@ -73,7 +77,14 @@ pub fn check(policy: &Policy, r: &pb::Register) -> Result<Checked, HubError> {
         }
         // Nothing to hold the claims against (a policy that declares no
         // clusters): what the spoke says is all there is.
-        None => (r.region.clone(), r.labels.clone().into_iter().collect()),
+        None => (
+            if r.region.is_empty() {
+                UNDECLARED_REGION.to_string()
+            } else {
+                r.region.clone()
+            },
+            r.labels.clone().into_iter().collect(),
+        ),
     };
     if r.nodes.len() > MAX_NODES_PER_CLUSTER {
         return Err(refused(
