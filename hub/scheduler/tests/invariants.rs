@@ -71,7 +71,10 @@ fn shape() -> impl Strategy<Value = Shape> {
     prop_oneof![
         3 => (1u64..=3).prop_map(|q| Shape::Frac(q * 250)),
         3 => prop_oneof![3 => 1u64..=2, 1 => 3u64..=8].prop_map(Shape::Whole),
-        1 => (2u32..=3, prop_oneof![Just(250u64), Just(500), Just(750), Just(1000), Just(2000)])
+        // Gangs of fractions up to gangs of several whole GPUs per replica
+        // (2 × 6 GPUs is the borrowing gang that once kept another team's
+        // guarantee): victims and borrowers, placed across nodes.
+        1 => (2u32..=3, prop_oneof![Just(250u64), Just(500), Just(750), Just(1000), Just(2000), Just(4000), Just(6000)])
             .prop_map(|(r, m)| Shape::Gang(r, m)),
         1 => (2u64..=8).prop_map(Shape::Spread),
     ]
