@@ -303,9 +303,13 @@ pub async fn run(client: &Client, cmd: BenchCommand) -> anyhow::Result<ExitCode>
         return Ok(ExitCode::SUCCESS);
     }
     eprintln!(
-        "bench: submitted {} in {submit_s:.2}s ({:.1}/s); waiting for them to finish",
+        "bench: submitted {} in {submit_s:.2}s ({:.1}/s){}; waiting for them to finish",
         ids.len(),
-        ids.len() as f64 / submit_s.max(1e-9)
+        ids.len() as f64 / submit_s.max(1e-9),
+        match client.throttled() {
+            0 => String::new(),
+            n => format!(", {n} calls throttled by the hub and sent again after its Retry-After"),
+        }
     );
     let deadline = start + Duration::from_secs(a.timeout);
     let done = wait_all(client, &team, &ids, deadline).await?;

@@ -25,6 +25,20 @@ const SUBMIT_RETRIES: u32 = 3;
 /// long enough to ride out a hub restart's listen gap, short for a human.
 const SUBMIT_RETRY_BACKOFF: Duration = Duration::from_millis(250);
 
+/// Retries of one call the hub turned away as too many (429) or too busy
+/// (503 with `Retry-After`): the hub did not act on it, so any call may be
+/// sent again. Ten rides out a burst of throttling; a hub that refuses for
+/// longer is told to the user.
+const THROTTLE_RETRIES: usize = 10;
+/// The jittered backoff added to the hub's `Retry-After` (from 100 ms,
+/// doubling, at most 10 s): clients throttled together do not all come back
+/// in the same instant.
+const THROTTLE_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const THROTTLE_BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// The longest `Retry-After` honoured: a larger one (or an HTTP date) waits
+/// this long, so a wrong header cannot park the CLI for hours.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+
 /// Pooled connections are dropped after this long unused: below the hub's
 /// shortest connection timeout (10 s to send a header, which also ends
 /// keep-alive waits), so `-w` and `bench` never send a request on a
@@ -134,6 +148,34 @@ pub struct Client {
     http: reqwest::Client,
     /// The API token sent with every request (`--token`, `AXLE_TOKEN`, `axle login`).
     token: Option<String>,
+    /// Calls sent again after a 429/503 with `Retry-After`, over all clones
+    /// (the bench reports it).
+    throttled: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// The backoff between throttled retries of one call.
+fn throttle_backoff() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder as _;
+    backon::ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(THROTTLE_BACKOFF_MIN)
+        .with_max_delay(THROTTLE_BACKOFF_MAX)
+        .with_max_times(THROTTLE_RETRIES)
+        .build()
+}
+
+/// How long the hub asks to wait: `Retry-After` in seconds (an HTTP date,
+/// or a value past [`MAX_RETRY_AFTER`], waits the most).
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let v = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    Some(match v.parse::<u64>() {
+        Ok(s) => Duration::from_secs(s).min(MAX_RETRY_AFTER),
+        Err(_) => MAX_RETRY_AFTER,
+    })
 }
 
 /// Parses one hub URL, with a path that ends in '/'.
@@ -198,7 +240,13 @@ impl Client {
             base,
             http,
             token: None,
+            throttled: Default::default(),
         })
+    }
+
+    /// Calls sent again because the hub throttled them, so far.
+    pub fn throttled(&self) -> u64 {
+        self.throttled.load(Ordering::Relaxed)
     }
 
     /// The hub URL that answered last, for messages.
@@ -306,8 +354,31 @@ impl Client {
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
-        let req = req.build().map_err(unreachable)?;
-        let resp = self.execute(req).await.map_err(unreachable)?;
+        let mut req = req.build().map_err(unreachable)?;
+        let mut backoff = throttle_backoff();
+        let resp = loop {
+            let again = req.try_clone();
+            let resp = self.execute(req).await.map_err(unreachable)?;
+            let status = resp.status();
+            // 429 always, 503 only with Retry-After (a hub that is busy, not
+            // one that failed): the hub did not act on the call.
+            let wait = match status {
+                StatusCode::TOO_MANY_REQUESTS => {
+                    Some(retry_after(resp.headers()).unwrap_or_default())
+                }
+                StatusCode::SERVICE_UNAVAILABLE => retry_after(resp.headers()),
+                _ => None,
+            };
+            match (wait, again, backoff.next()) {
+                (Some(after), Some(again), Some(jitter)) => {
+                    self.throttled.fetch_add(1, Ordering::Relaxed);
+                    drop(resp);
+                    tokio::time::sleep(after + jitter).await;
+                    req = again;
+                }
+                _ => break resp,
+            }
+        };
         let status = resp.status();
         let gzip = resp
             .headers()

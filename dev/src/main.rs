@@ -213,11 +213,17 @@ async fn start(args: Args) -> anyhow::Result<()> {
         },
         None => axle_hub::dev::example_policy().context("the embedded example policy")?,
     };
+    // Removed (with the store, logs and work dirs in it) when the stack stops.
+    let temp_dir;
     let data_dir = match &args.data_dir {
         Some(d) => d.clone(),
-        None => axle_hub::dev::temp_data_dir()?,
+        None => {
+            temp_dir = axle_hub::dev::temp_data_dir()?;
+            temp_dir.path().to_path_buf()
+        }
     };
-    let listeners = axle_hub::server::Listeners::bind(args.http, args.grpc).await?;
+    let mut listeners = axle_hub::server::Listeners::bind(args.http, args.grpc).await?;
+    listeners.rate_limits = axle_hub::dev::DEV_RATE_LIMITS;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot handle SIGTERM")?;
     let shutdown = async move {

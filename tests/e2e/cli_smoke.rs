@@ -279,3 +279,86 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
     .await;
     assert_eq!(out.code, 3, "submit to an unreachable hub: {out:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_waits_out_the_hubs_throttling() {
+    // Observed: `axle bench submit --jobs 2000 … --rate 300` stopped after
+    // ~80–200 submits with "dev made more than 200 calls in a burst (at
+    // most 50 a second on average); retry in 1 s": the client did not
+    // honour 429 + Retry-After. Here the hub allows 5 calls a second with a
+    // burst of 5, and the bench's 30 submits plus its polling all get
+    // through.
+    // Anonymous callers (`--auth none`) are not rate-limited: a platform
+    // admin with an API token is.
+    let dir = axle_e2e::temp_dir("axle-e2e-throttle");
+    let fixture = |f: &str| {
+        std::fs::read_to_string(format!("{}/fixtures/{f}", env!("CARGO_MANIFEST_DIR")))
+            .expect("fixture")
+    };
+    let settings = fixture("common/settings.yaml") + "  platformAdmins: [admin]\n";
+    let policy = axle_e2e::TempPolicy::new(&[
+        ("classes.yaml", &fixture("common/classes.yaml")),
+        ("settings.yaml", &settings),
+        ("cluster.yaml", &fixture("api/cluster.yaml")),
+        ("teams.yaml", &fixture("api/teams.yaml")),
+    ]);
+    let out = std::process::Command::new(axle_e2e::bin("axle-hub"))
+        .args(["create-token", "--user", "admin", "--print-only"])
+        .output()
+        .expect("axle-hub create-token");
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &token).expect("write token");
+    let hub = axle_e2e::HubProc::start_with(
+        policy.path(),
+        &dir.path().join("hub"),
+        axle_e2e::Ports::free(),
+        vec![
+            "--auth".into(),
+            "tokens".into(),
+            "--bootstrap-token-file".into(),
+            token_file.display().to_string(),
+            "--bootstrap-user".into(),
+            "admin".into(),
+            "--rate-per-user".into(),
+            "5".into(),
+            "--rate-burst-per-user".into(),
+            "5".into(),
+        ],
+    );
+    let _spoke = axle_e2e::SpokeProc::start(
+        &hub.grpc_url(),
+        axle_e2e::SpokeSpec::new(
+            "lab",
+            "eu-west",
+            &["8xH100:80GB"],
+            &dir.path().join("spoke"),
+        ),
+    );
+    let url = hub.http_url();
+    axle_e2e::wait_until(Duration::from_secs(30), "cluster lab Ready", || async {
+        let out = axle_cli(&url, &["--token", &token, "get", "clusters", "-o", "json"]).await;
+        let ready = serde_json::from_str::<Vec<axle_proto::api::ClusterView>>(&out.stdout)
+            .is_ok_and(|c| c.iter().any(|c| c.name == "lab" && c.state == "Ready"));
+        if ready {
+            Ok(())
+        } else {
+            Err(format!("{out:?}"))
+        }
+    })
+    .await;
+    let out = axle_cli(
+        &hub.http_url(),
+        &[
+            "--token", &token, "bench", "submit", "--jobs", "30", "--gpus", "1", "--team",
+            "vision", "--rate", "300", "--", "true",
+        ],
+    )
+    .await;
+    ok("bench under throttling", &out);
+    assert!(out.stdout.contains("jobs_per_s="), "{out:#?}");
+    assert!(
+        out.stderr.contains("throttled by the hub and sent again"),
+        "the hub throttled nothing, so the test proves nothing: {out:#?}"
+    );
+}

@@ -343,9 +343,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
             anyhow::bail!("--policy DIR is required (or --dev for the built-in example)")
         }
     };
+    // Held to the end of `main`'s work: dropping it removes the temporary dir.
+    let temp_dir;
     let data_dir = match (&args.data_dir, args.dev) {
         (Some(d), _) => d.clone(),
-        (None, true) => dev::temp_data_dir()?,
+        (None, true) => {
+            temp_dir = dev::temp_data_dir()?;
+            temp_dir.path().to_path_buf()
+        }
         (None, false) => anyhow::bail!("--data-dir DIR is required (or --dev for a temporary one)"),
     };
     let plaintext = args.insecure_no_tls || (args.dev && args.tls_cert.is_none());
