@@ -319,9 +319,10 @@ pub fn clusters_table(cs: &[ClusterView], now_ms: u64) -> String {
 }
 
 /// One row per quota class; a team without quotas still gets a row. Every
-/// figure is the class's own: GPUs, and RUNNING the workloads on that
-/// class's GPUs. PENDING (a queue is the team's, not a class's) is on the
-/// team's first row only, so no figure repeats on every row.
+/// figure is the class's own: GPUs, RUNNING the workloads on that class's
+/// GPUs, PENDING those waiting for its model (it once showed the team's
+/// whole queue on its first row, whatever model the work wanted). Pending
+/// work that names no model gets a row of its own, class `(any model)`.
 pub fn team_rows(t: &TeamView) -> Vec<Row> {
     let counts = [t.pending.to_string(), t.running.to_string()];
     if t.quotas.is_empty() {
@@ -333,7 +334,8 @@ pub fn team_rows(t: &TeamView) -> Vec<Row> {
             cells,
         }];
     }
-    t.quotas
+    let mut rows: Vec<Row> = t
+        .quotas
         .iter()
         .enumerate()
         .map(|(i, q)| {
@@ -349,18 +351,25 @@ pub fn team_rows(t: &TeamView) -> Vec<Row> {
                 fmt_gpus(q.limit),
                 fmt_gpus(q.borrowed),
             ];
-            cells.push(if i == 0 {
-                t.pending.to_string()
-            } else {
-                String::new()
-            });
+            cells.push(q.pending.to_string());
             cells.push(q.running.to_string());
             Row {
                 key: format!("{}/{}", t.name, q.gpu_class),
                 cells,
             }
         })
-        .collect()
+        .collect();
+    if t.pending_any_model > 0 {
+        let mut cells = vec![String::new(), "(any model)".to_string()];
+        cells.extend(["-", "-", "-", "-"].map(String::from));
+        cells.push(t.pending_any_model.to_string());
+        cells.push("-".to_string());
+        rows.push(Row {
+            key: format!("{}/(any model)", t.name),
+            cells,
+        });
+    }
+    rows
 }
 
 pub fn teams_rows(ts: &[TeamView]) -> Vec<Row> {
@@ -677,6 +686,7 @@ pub(crate) mod tests {
                     limit: 32.0,
                     borrowed: 4.0,
                     running: 7,
+                    pending: 1,
                 },
                 QuotaView {
                     gpu_class: "L4".into(),
@@ -685,9 +695,13 @@ pub(crate) mod tests {
                     limit: 8.0,
                     borrowed: 0.0,
                     running: 2,
+                    pending: 0,
                 },
             ],
+            // Observed: 3 was shown on the H100 row although two of them
+            // wanted L4 … here one wants H100, two no model.
             pending: 3,
+            pending_any_model: 2,
             running: 9,
             burst_budget_micro_usd: 0,
         };
@@ -696,16 +710,18 @@ pub(crate) mod tests {
             weight: 1.0,
             quotas: vec![],
             pending: 0,
+            pending_any_model: 0,
             running: 0,
             burst_budget_micro_usd: 0,
         };
         let out = teams_table(&[t, empty]);
         assert_eq!(
             out,
-            "TEAM     CLASS   USED   GUARANTEED   LIMIT   BORROWED   PENDING   RUNNING\n\
-             vision   H100    20     16           32      4          3         7\n\
-             \x20        L4      0.5    4            8       0                    2\n\
-             nlp      -       0      0            0       0          0         0\n"
+            "TEAM     CLASS         USED   GUARANTEED   LIMIT   BORROWED   PENDING   RUNNING\n\
+             vision   H100          20     16           32      4          1         7\n\
+             \x20        L4            0.5    4            8       0          0         2\n\
+             \x20        (any model)   -      -            -       -          2         -\n\
+             nlp      -             0      0            0       0          0         0\n"
         );
         let keys: Vec<String> = teams_rows(&[]).into_iter().map(|r| r.key).collect();
         assert!(keys.is_empty());

@@ -205,6 +205,10 @@ pub struct QuotaView {
     /// spread workload counts once, in the class of its first GPU).
     #[serde(default)]
     pub running: u64,
+    /// The team's pending workloads that ask for this class's model (for
+    /// `any`: a model the team has no class of).
+    #[serde(default)]
+    pub pending: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -212,7 +216,11 @@ pub struct TeamView {
     pub name: String,
     pub weight: f64,
     pub quotas: Vec<QuotaView>,
+    /// All the team's pending workloads.
     pub pending: u64,
+    /// Those that name no GPU model (any class may serve them).
+    #[serde(default)]
+    pub pending_any_model: u64,
     pub running: u64,
     /// The team's monthly cloud budget, in micro-dollars (exact).
     pub burst_budget_micro_usd: u64,

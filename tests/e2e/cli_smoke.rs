@@ -33,6 +33,10 @@ async fn the_cli_submits_lists_describes_prints_logs_and_cancels() {
     let env = Env::start(&["common", "api"], &[("lab", "", &["8xH100:80GB"])]).await;
     let api = env.api();
     let hub = env.hub.http_url();
+    // Logs written to files carry no ANSI colour codes.
+    for (who, log) in [("hub", env.hub.log()), ("spoke", env.spokes[0].log())] {
+        assert!(!log.contains('\x1b'), "{who} log has ANSI codes:\n{log}");
+    }
     let clusters = api.clusters().await;
     let lab = clusters
         .iter()

@@ -454,6 +454,8 @@ impl ReadView {
 
     pub fn team_views(&self) -> Vec<api::TeamView> {
         let mut pending: BTreeMap<&str, u64> = BTreeMap::new();
+        // (team, GPU model asked for, or "" for none) → pending workloads.
+        let mut pending_by_model: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         let mut running: BTreeMap<&str, u64> = BTreeMap::new();
         // (team, GPU model) → running workloads, by the model of the first GPU.
         let mut by_model: BTreeMap<(&str, &str), u64> = BTreeMap::new();
@@ -468,6 +470,9 @@ impl ReadView {
         for w in self.workloads.values() {
             if matches!(w.state, WState::Pending | WState::Preempting) {
                 *pending.entry(&w.team).or_default() += 1;
+                *pending_by_model
+                    .entry((&w.team, w.gpu_model.as_deref().unwrap_or("")))
+                    .or_default() += 1;
             } else if w.holds_gpus() {
                 *running.entry(&w.team).or_default() += 1;
                 let first = w.placement.as_ref().and_then(|p| {
@@ -488,6 +493,10 @@ impl ReadView {
                     weight: team.map(|x| x.weight).unwrap_or(1.0),
                     burst_budget_micro_usd: team.map_or(0, |x| x.burst.monthly_budget.micros()),
                     pending: pending.get(t.team.as_str()).copied().unwrap_or(0),
+                    pending_any_model: pending_by_model
+                        .get(&(t.team.as_str(), ""))
+                        .copied()
+                        .unwrap_or(0),
                     running: running.get(t.team.as_str()).copied().unwrap_or(0),
                     quotas: {
                         let named: Vec<&str> =
@@ -506,6 +515,18 @@ impl ReadView {
                                     })
                                     .map(|(_, n)| n)
                                     .sum();
+                                // Likewise for what waits, by the model asked for.
+                                let pending = pending_by_model
+                                    .iter()
+                                    .filter(|((team, model), _)| {
+                                        *team == t.team
+                                            && !model.is_empty()
+                                            && (*model == c.gpu_class
+                                                || (c.gpu_class == axle_policy::ANY_GPU_CLASS
+                                                    && !named.contains(model)))
+                                    })
+                                    .map(|(_, n)| n)
+                                    .sum();
                                 api::QuotaView {
                                     gpu_class: c.gpu_class.clone(),
                                     used: c.used.as_gpus_f64(),
@@ -513,6 +534,7 @@ impl ReadView {
                                     limit: c.limit.as_gpus_f64(),
                                     borrowed: c.used.saturating_sub(c.guaranteed).as_gpus_f64(),
                                     running,
+                                    pending,
                                 }
                             })
                             .collect()

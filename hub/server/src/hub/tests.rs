@@ -643,6 +643,9 @@ async fn team_views_count_running_work_per_gpu_class() {
         .find(|q| q.gpu_class == "H100")
         .unwrap();
     assert_eq!(h100.running, 2);
+    // Observed: the team's whole queue showed on its first class row; the
+    // waiting workload names no model, so it is counted apart.
+    assert_eq!((h100.pending, vision.pending_any_model), (0, 1));
 }
 
 fn stops(fx: &Effects) -> Vec<(u64, pb::StopReason)> {
