@@ -46,6 +46,18 @@ pub enum RequestError {
         requested: Milli,
         limit: Milli,
     },
+    /// A request naming no model, above the team's limit in every class it
+    /// could use (it once named only the first class's, e.g. "4 A100" when
+    /// the team may hold 16 H100).
+    #[error(
+        "{requested} GPUs exceed every limit of team {team} ({limits}); it could never be admitted"
+    )]
+    AboveEveryLimit {
+        team: String,
+        requested: Milli,
+        /// `16 H100, 4 A100`: largest first.
+        limits: String,
+    },
     #[error(
         "{requested} GPUs exceed team {team}'s guarantee of {guaranteed} {class}: {priority} work is never preempted, so it runs only within its team's guarantee; ask for at most {guaranteed}, or use a preemptible priority class to borrow idle GPUs"
     )]

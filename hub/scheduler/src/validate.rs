@@ -87,13 +87,17 @@ pub(crate) fn validate(
     let mut note = |e: RequestError| {
         let rank = |e: &RequestError| match e {
             RequestError::NeverFitsNode { .. } => 3,
-            RequestError::AboveLimit { .. } | RequestError::AboveGuarantee { .. } => 2,
+            RequestError::AboveLimit { .. }
+            | RequestError::AboveGuarantee { .. }
+            | RequestError::AboveEveryLimit { .. } => 2,
             _ => 1,
         };
         if first_err.as_ref().is_none_or(|f| rank(&e) > rank(f)) {
             first_err = Some(e);
         }
     };
+    // (limit, class) of every class the request is above.
+    let mut above: Vec<(Milli, String)> = Vec::new();
     for &m in &models {
         let Some(slot) = team_info.charge[m as usize] else {
             note(RequestError::NoQuota {
@@ -104,6 +108,9 @@ pub(crate) fn validate(
         };
         let (gpu_class, guaranteed, limit) = &team_info.slots[slot as usize];
         if spec.total_gpus() > *limit {
+            if !above.iter().any(|(_, c)| c == gpu_class) {
+                above.push((*limit, gpu_class.clone()));
+            }
             note(RequestError::AboveLimit {
                 team: spec.team.clone(),
                 class: gpu_class.clone(),
@@ -133,6 +140,15 @@ pub(crate) fn validate(
         }
         return Ok(());
     }
+    if above.len() > 1 && matches!(first_err, Some(RequestError::AboveLimit { .. })) {
+        above.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let limits: Vec<String> = above.iter().map(|(l, c)| format!("{l} {c}")).collect();
+        return Err(RequestError::AboveEveryLimit {
+            team: spec.team.clone(),
+            requested: spec.total_gpus(),
+            limits: limits.join(", "),
+        });
+    }
     Err(first_err.unwrap_or(RequestError::UnknownGpuModel {
         model: spec.gpu_model.clone().unwrap_or_else(|| "any".into()),
         known: join(state.models.iter()),
@@ -154,4 +170,36 @@ pub fn round_to_granularity(g: Milli, granularity: Milli) -> Milli {
         return Milli(g.0.div_ceil(MILLI_PER_GPU) * MILLI_PER_GPU);
     }
     Milli(g.0.div_ceil(granularity.0) * granularity.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use axle_policy::CrossTeamPreemption;
+
+    use crate::state::State;
+    use crate::testkit::{inventory, policy, req};
+
+    #[test]
+    fn a_request_above_every_limit_names_the_largest() {
+        // Observed: `submit --gpus 99` naming no model said "exceed team
+        // vision's limit of 4 A100" though vision may hold 16 H100.
+        let p = policy(
+            &[("vision", &[("A100", 1.0, 4.0), ("H100", 8.0, 16.0)])],
+            CrossTeamPreemption::BorrowedOnly,
+        );
+        let mut s = State::new(p, &inventory(&[("A100", 4), ("H100", 8)]));
+        let e = s
+            .submit(req(1, "vision", "batch", 99.0))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("exceed every limit of team vision (16 H100, 4 A100)"),
+            "{e}"
+        );
+        // Naming a model, the refusal is that model's.
+        let mut r = req(2, "vision", "batch", 20.0);
+        r.gpu_model = Some("H100".into());
+        let e = s.submit(r).unwrap_err().to_string();
+        assert!(e.contains("limit of 16 H100"), "{e}");
+    }
 }

@@ -433,7 +433,7 @@ fn record(
 fn reject_key(e: &RequestError) -> String {
     use RequestError as E;
     match e {
-        E::AboveLimit { .. } => "request above the team's limit".into(),
+        E::AboveLimit { .. } | E::AboveEveryLimit { .. } => "request above the team's limit".into(),
         E::AboveGuarantee { .. } => "never-preempted request above the team's guarantee".into(),
         E::NeverFitsNode { .. } => "larger than any node".into(),
         E::NoQuota { .. } => "team has no quota for the GPU model".into(),

@@ -189,6 +189,7 @@ impl Inner {
                 | R::NotWhole(_)
                 | R::NeverFitsNode { .. }
                 | R::AboveLimit { .. }
+                | R::AboveEveryLimit { .. }
                 | R::AboveGuarantee { .. } => Some("gpus"),
                 R::ZeroReplicas | R::GangTooLarge { .. } => Some("gang"),
                 R::UnknownGpuModel { .. } | R::NoQuota { .. } => Some("gpu_model"),
