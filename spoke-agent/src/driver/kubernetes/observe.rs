@@ -129,16 +129,23 @@ pub fn observe(job: &Job, pods: &[&Pod], events: &[&Event]) -> Observation {
                 }
                 let reason = c.reason.clone().unwrap_or_default();
                 // Jobs and pods come from separate watches: a Job failed
-                // by its pods can arrive before those pods' final state.
-                // Wait for them rather than report a reason-less -1.
-                if reason == "BackoffLimitExceeded" && pods.iter().any(|p| pod_is_live(p)) {
+                // by its pods can arrive before those pods' final state —
+                // whatever reason the condition carries, or none (observed:
+                // a pod that exited 3 reported as `exit code -1 (: )`).
+                // Wait for the pods' terminated state rather than report a
+                // reason-less -1; only a deadline kills pods that never end.
+                if reason != "DeadlineExceeded" && pods.iter().any(|p| pod_is_live(p)) {
                     return Observation::Waiting;
                 }
-                let message = match reason.as_str() {
-                    "DeadlineExceeded" => {
+                let detail = c.message.clone().unwrap_or_default();
+                let message = match (reason.as_str(), detail.as_str()) {
+                    ("DeadlineExceeded", _) => {
                         "exceeded its max runtime (activeDeadlineSeconds)".to_string()
                     }
-                    _ => format!("{reason}: {}", c.message.clone().unwrap_or_default()),
+                    ("", "") => "the Job failed; Kubernetes gave no reason".to_string(),
+                    ("", d) => d.to_string(),
+                    (r, "") => r.to_string(),
+                    (r, d) => format!("{r}: {d}"),
                 };
                 return Observation::Failed {
                     exit_code: -1,
@@ -281,6 +288,47 @@ mod tests {
             observe(&failed, &[], &[]),
             Observation::Failed { exit_code: -1, .. }
         ));
+    }
+
+    #[test]
+    fn a_failed_job_without_a_reason_reports_the_pods_exit_code() {
+        // Observed: a pod that exited 3 was reported as `exit code -1 (: )`
+        // when the Job's Failed condition carried no reason and the pod
+        // watch had not yet shown the pod's end.
+        let mut failed = job(1);
+        failed.status = Some(JobStatus {
+            conditions: Some(vec![JobCondition {
+                type_: "Failed".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let running = pod("Running", None);
+        assert_eq!(observe(&failed, &[&running], &[]), Observation::Waiting);
+        let exited = pod(
+            "Failed",
+            Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 3,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        );
+        assert_eq!(
+            observe(&failed, &[&exited], &[]),
+            Observation::Failed {
+                exit_code: 3,
+                message: "replica 0: container exited with code 3 (Error)".into()
+            }
+        );
+        match observe(&failed, &[], &[]) {
+            Observation::Failed { message, .. } => {
+                assert_eq!(message, "the Job failed; Kubernetes gave no reason")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
