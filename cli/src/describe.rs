@@ -47,7 +47,9 @@ pub fn fmt_replica(r: &ReplicaView) -> String {
         .gpus
         .iter()
         .map(|g| {
-            if (g.fraction - 1.0).abs() < 1e-9 {
+            if let Some(unit) = &g.unit {
+                format!("{unit} ({})", fmt_gpus(g.fraction))
+            } else if (g.fraction - 1.0).abs() < 1e-9 {
                 format!("GPU {}", g.index)
             } else {
                 format!("GPU {} ({})", g.index, fmt_gpus(g.fraction))

@@ -476,6 +476,7 @@ pub(crate) mod tests {
                 gpus: vec![GpuShareView {
                     index: 0,
                     fraction: 1.0,
+                    unit: None,
                 }],
             },
             ReplicaView {
@@ -484,10 +485,12 @@ pub(crate) mod tests {
                     GpuShareView {
                         index: 2,
                         fraction: 0.5,
+                        unit: None,
                     },
                     GpuShareView {
                         index: 3,
                         fraction: 0.5,
+                        unit: None,
                     },
                 ],
             },

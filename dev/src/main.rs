@@ -44,13 +44,9 @@ fn dev_spokes(grpc_url: &str, data_dir: &std::path::Path, policy: &Policy) -> Ve
     let node = |name: &str, n: u32, model: &str| NodeSpec {
         name: name.to_string(),
         gpus: (0..n)
-            .map(|index| GpuSpec {
-                index,
-                model: model.to_string(),
-                memory_mb: 80 * 1024,
-                fractions_only: false,
-            })
+            .map(|index| GpuSpec::whole(index, model, 80 * 1024))
             .collect(),
+        whole_only: false,
     };
     let region = |c: &str, default: &str| {
         policy

@@ -410,4 +410,10 @@ pub struct SettingsSpec {
     /// Users who may do anything on the hub: every team's work, API tokens.
     #[serde(default)]
     pub platform_admins: Vec<Loc<String>>,
+    /// The memory one whole GPU of a model means when a fraction is sized
+    /// on a MIG device, in GB: with `H100: 80`, 0.25 needs 20 GB — a
+    /// `2g.20gb` device or larger, never `1g.10gb` (default: the memory
+    /// the node reports for the whole GPU).
+    #[serde(default)]
+    pub fraction_memory_gb: BTreeMap<String, Loc<u64>>,
 }

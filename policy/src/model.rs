@@ -361,6 +361,10 @@ pub struct Settings {
     pub max_log_bytes_per_workload: u64,
     /// Users who may do anything on the hub (`platformAdmins`).
     pub platform_admins: Vec<String>,
+    /// GPU model → the memory (GB) a whole GPU means when a fraction is
+    /// sized on a MIG device (`fractionMemoryGb`).
+    #[serde(default)]
+    pub fraction_memory_gb: BTreeMap<String, u64>,
 }
 
 /// Default `retainFinishedHours`: a week, long enough to look back at last
@@ -397,6 +401,7 @@ impl Default for Settings {
             retain_events_ms: DEFAULT_RETAIN_EVENTS_DAYS * 86_400_000,
             max_log_bytes_per_workload: DEFAULT_MAX_LOG_BYTES_PER_WORKLOAD,
             platform_admins: Vec::new(),
+            fraction_memory_gb: BTreeMap::new(),
         }
     }
 }

@@ -28,6 +28,10 @@ const MAX_NODES_PER_GROUP: u64 = 1_000_000;
 /// while catching typos like a memory size in the GPU-count field.
 const MAX_GPUS_PER_NODE: u64 = 1024;
 
+/// Largest `fractionMemoryGb`: today's largest GPU has 288 GB; 4 TB is far
+/// past any and still catches a value typed in MB.
+const MAX_GPU_MEMORY_GB: u64 = 4096;
+
 pub(crate) fn validate(docs: Docs, rep: &mut Reporter<'_>, revision: String) -> Policy {
     let (settings, default_class) = settings(&docs, rep);
     let gpu_classes: BTreeSet<String> = settings.gpu_classes.iter().cloned().collect();
@@ -283,6 +287,21 @@ fn settings(docs: &Docs, rep: &mut Reporter<'_>) -> (Settings, Option<(Pos, Stri
             settings.platform_admins.push(name.to_string());
         }
     }
+    for (model, gb) in &s.fraction_memory_gb {
+        if gb.value == 0 || gb.value > MAX_GPU_MEMORY_GB {
+            rep.error(
+                first.at(gb),
+                first.path(&format!("fractionMemoryGb.{model}")),
+                format!(
+                    "fractionMemoryGb.{model} ({}) must be 1 to {MAX_GPU_MEMORY_GB} GB",
+                    gb.value
+                ),
+                "the memory of one whole GPU, such as 80 for an H100",
+            );
+        } else {
+            settings.fraction_memory_gb.insert(model.clone(), gb.value);
+        }
+    }
     for (i, c) in s.gpu_classes.iter().enumerate() {
         let path = format!("gpuClasses[{i}]");
         let name = c.value.trim();
@@ -295,6 +314,18 @@ fn settings(docs: &Docs, rep: &mut Reporter<'_>) -> (Settings, Option<(Pos, Stri
             );
         } else if !settings.gpu_classes.iter().any(|k| k == name) {
             settings.gpu_classes.push(name.to_string());
+        }
+    }
+    for model in s.fraction_memory_gb.keys() {
+        if !settings.gpu_classes.iter().any(|k| k == model) {
+            let gb = &s.fraction_memory_gb[model];
+            rep.error(
+                first.at(gb),
+                first.path(&format!("fractionMemoryGb.{model}")),
+                format!("unknown GPU model `{model}` in fractionMemoryGb"),
+                &format!("one of {}", settings.gpu_classes.join(", ")),
+            );
+            settings.fraction_memory_gb.remove(model);
         }
     }
     (settings, default_class)

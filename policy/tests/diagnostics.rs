@@ -935,3 +935,14 @@ fn money_is_read_as_the_decimal_written_and_sub_micro_amounts_are_refused() {
         "{f}"
     );
 }
+
+#[test]
+fn fraction_memory_names_a_known_model_and_a_sane_size() {
+    let settings = "apiVersion: axle.dev/v1\nkind: Settings\nmetadata:\n  name: s\nspec:\n  fractionMemoryGb:\n    H100: 80\n";
+    let loaded = ok(&policy(&[("settings.yaml", settings)]));
+    assert_eq!(loaded.policy.settings.fraction_memory_gb["H100"], 80);
+    let bad = "apiVersion: axle.dev/v1\nkind: Settings\nmetadata:\n  name: s\nspec:\n  fractionMemoryGb:\n    H100: 0\n    H999: 80\n";
+    let f = fail(&policy(&[("settings.yaml", bad)]));
+    find(&f.errors, "fractionMemoryGb.H100 (0) must be 1 to 4096 GB");
+    find(&f.errors, "unknown GPU model `H999` in fractionMemoryGb");
+}

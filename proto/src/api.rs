@@ -83,6 +83,10 @@ pub struct GpuShareView {
     pub index: u32,
     /// 1.0 = the whole GPU.
     pub fraction: f64,
+    /// The fractional unit it runs on (`MIG 2g.20gb`, `time-slice 1/4`);
+    /// absent on a GPU shared in software or whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -164,8 +168,19 @@ pub struct GpuView {
     pub index: u32,
     pub model: String,
     pub memory_mb: u64,
-    /// Fraction of the GPU allocated (0..=1).
+    /// GPUs allocated on this device (0..=1; a fractional unit in use
+    /// counts its whole share).
     pub allocated: f64,
+    /// A fractional unit (`MIG 2g.20gb`, `time-slice 1/4`); absent for a GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    /// The GPUs the device counts for: 1 for a GPU, a unit's share.
+    #[serde(default = "one")]
+    pub share: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

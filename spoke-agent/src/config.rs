@@ -15,6 +15,28 @@ pub struct GpuSpec {
     pub memory_mb: u64,
     /// Partitioned (MIG) or time-sliced: only fractions fit.
     pub fractions_only: bool,
+    /// A fractional unit handed out whole: its device-plugin resource
+    /// (`nvidia.com/mig-2g.20gb`); empty for a whole GPU.
+    pub unit: String,
+    /// The unit's share of a GPU in thousandths; 0 for a whole GPU.
+    pub share_milli: u32,
+    /// The memory of the whole GPU a unit is part of (0: unknown).
+    pub whole_memory_mb: u64,
+}
+
+impl GpuSpec {
+    /// A whole GPU.
+    pub fn whole(index: u32, model: &str, memory_mb: u64) -> GpuSpec {
+        GpuSpec {
+            index,
+            model: model.to_string(),
+            memory_mb,
+            fractions_only: false,
+            unit: String::new(),
+            share_milli: 0,
+            whole_memory_mb: 0,
+        }
+    }
 }
 
 /// One node of the cluster with its GPUs.
@@ -22,6 +44,8 @@ pub struct GpuSpec {
 pub struct NodeSpec {
     pub name: String,
     pub gpus: Vec<GpuSpec>,
+    /// Whole GPUs are never split between workloads (Kubernetes).
+    pub whole_only: bool,
 }
 
 /// Everything [`crate::run`] needs to know about the cluster it serves.
@@ -100,6 +124,9 @@ impl From<&GpuSpec> for pb::Gpu {
             model: gpu.model.clone(),
             memory_mb: gpu.memory_mb,
             fractions_only: gpu.fractions_only,
+            unit: gpu.unit.clone(),
+            share_milli: gpu.share_milli,
+            whole_memory_mb: gpu.whole_memory_mb,
         }
     }
 }
@@ -109,6 +136,7 @@ impl From<&NodeSpec> for pb::Node {
         pb::Node {
             name: node.name.clone(),
             gpus: node.gpus.iter().map(pb::Gpu::from).collect(),
+            whole_only: node.whole_only,
         }
     }
 }

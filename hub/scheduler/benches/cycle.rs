@@ -93,6 +93,8 @@ fn inventory() -> Inventory {
                         gpu_count: GPUS_PER_NODE,
                         gpu_memory_mb: 80 * 1024,
                         fractions_only: false,
+                        whole_only: false,
+                        units: Vec::new(),
                     })
                     .collect(),
             })

@@ -143,7 +143,13 @@ impl Catalog {
             for n in &c.nodes {
                 let m = model_index[&n.gpu_model] as usize;
                 let l = &mut largest_node[m];
-                *l = (*l).max(n.gpu_count);
+                // Only whole GPUs hold a whole-GPU replica.
+                let whole = if n.units.is_empty() {
+                    n.gpu_count
+                } else {
+                    n.units.iter().filter(|u| u.is_whole()).count() as u32
+                };
+                *l = (*l).max(whole);
                 cluster_model_gpus[ci][m] += n.gpu_count;
             }
         }

@@ -19,6 +19,8 @@ pub fn declared(policy: &Policy) -> Inventory {
                         gpu_count: g.gpus_per_node as u32,
                         gpu_memory_mb: g.gpu_memory_gb * 1024,
                         fractions_only: false,
+                        whole_only: false,
+                        units: Vec::new(),
                     });
                 }
             }
@@ -51,6 +53,8 @@ pub fn uniform(name: &str, region: &str, model: &str, gpus: u64, per_node: u32) 
             gpu_count: n as u32,
             gpu_memory_mb: 80 * 1024,
             fractions_only: false,
+            whole_only: false,
+            units: Vec::new(),
         });
         left -= n;
     }

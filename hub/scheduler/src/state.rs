@@ -29,7 +29,14 @@ pub(crate) struct NodeRec {
     pub gpu_count: u32,
     /// Only fractions fit (MIG or time-sliced GPUs).
     pub fractions_only: bool,
+    /// Whole GPUs are never split (see `NodeInventory::whole_only`).
+    pub whole_only: bool,
 }
+
+/// The most milli-GPUs a fractional unit counts for: one below a whole GPU,
+/// so that "fully free" (`FULL_GPU`) always means a whole GPU, never a unit
+/// (a `7g.80gb` MIG device is requested as a MIG device, not a GPU).
+pub(crate) const MAX_UNIT_SHARE: GpuFree = FULL_GPU - 1;
 
 #[derive(Debug, Clone)]
 pub(crate) struct ClusterRec {
@@ -76,6 +83,12 @@ pub struct State {
     pub(crate) node_names: Vec<String>,
     /// Free milli-GPUs per global GPU index.
     pub(crate) gpu_free: Vec<GpuFree>,
+    /// What each global GPU index holds when free: `FULL_GPU` for a whole
+    /// GPU, a unit's share for a fractional unit.
+    pub(crate) gpu_cap: Vec<GpuFree>,
+    /// The largest fraction each fractional unit serves (it serves one at
+    /// a time, whole); 0 for a whole GPU.
+    pub(crate) gpu_fit: Vec<GpuFree>,
     /// Global node index of every global GPU index.
     pub(crate) gpu_node: Vec<u32>,
     /// Workloads with a shard on each node.
@@ -129,6 +142,8 @@ impl State {
         let mut nodes = Vec::new();
         let mut node_names = Vec::new();
         let mut gpu_free = Vec::new();
+        let mut gpu_cap = Vec::new();
+        let mut gpu_fit = Vec::new();
         let mut gpu_node = Vec::new();
         for (ci, c) in inventory.clusters.iter().enumerate() {
             let mut rec = ClusterRec {
@@ -141,21 +156,38 @@ impl State {
             };
             for (li, n) in c.nodes.iter().enumerate() {
                 let model = model_index[&n.gpu_model];
+                let count = if n.units.is_empty() {
+                    n.gpu_count
+                } else {
+                    n.units.len() as u32
+                };
                 rec.nodes.push(nodes.len() as u32);
                 nodes.push(NodeRec {
                     cluster: ci as u32,
                     local: li as u32,
                     model,
                     first_gpu: gpu_free.len() as u32,
-                    gpu_count: n.gpu_count,
+                    gpu_count: count,
                     fractions_only: n.fractions_only,
+                    whole_only: n.whole_only,
                 });
                 node_names.push(n.name.clone());
                 gpu_node.extend(std::iter::repeat_n(
                     (nodes.len() - 1) as u32,
-                    n.gpu_count as usize,
+                    count as usize,
                 ));
-                gpu_free.extend(std::iter::repeat_n(FULL_GPU, n.gpu_count as usize));
+                for i in 0..count as usize {
+                    let (cap, fit) = match n.units.get(i) {
+                        Some(u) if !u.is_whole() => (
+                            u.share_milli.clamp(1, MAX_UNIT_SHARE),
+                            u.fits_milli.min(FULL_GPU),
+                        ),
+                        _ => (FULL_GPU, 0),
+                    };
+                    gpu_free.push(cap);
+                    gpu_cap.push(cap);
+                    gpu_fit.push(fit);
+                }
             }
             clusters.push(rec);
         }
@@ -173,6 +205,8 @@ impl State {
             nodes,
             node_names,
             gpu_free,
+            gpu_cap,
+            gpu_fit,
             gpu_node,
             node_running: vec![BTreeSet::new(); node_count],
             team_running: vec![BTreeSet::new(); team_count],
@@ -184,6 +218,27 @@ impl State {
             queues: BTreeMap::new(),
             queue_shapes: BTreeMap::new(),
         }
+    }
+
+    /// What a shard of `m` milli on GPU index `g` takes of it: a fractional
+    /// unit whole, a GPU what is asked.
+    pub(crate) fn taken(&self, g: u32, m: GpuFree) -> GpuFree {
+        if self.gpu_fit[g as usize] > 0 {
+            self.gpu_cap[g as usize]
+        } else {
+            m
+        }
+    }
+
+    /// Can GPU index `g`, with `free` milli free, take a fraction of `need`?
+    /// A unit: when free and large enough; a whole GPU: when its node splits
+    /// GPUs and enough of it is free.
+    pub(crate) fn fraction_fits(&self, g: u32, free: GpuFree, need: GpuFree) -> bool {
+        let fit = self.gpu_fit[g as usize];
+        if fit > 0 {
+            return free == self.gpu_cap[g as usize] && fit >= need;
+        }
+        !self.nodes[self.gpu_node[g as usize] as usize].whole_only && free >= need
     }
 
     pub fn policy(&self) -> &Arc<Policy> {
@@ -324,9 +379,24 @@ impl State {
                     return Err(RequestError::BadAllocation("mixed GPU models"));
                 }
                 let g = n.first_gpu + s.gpu;
+                // A fractional unit is taken whole by the one fraction it serves.
+                let fit = self.gpu_fit[g as usize];
+                if fit > 0 && s.milli.0 > u64::from(fit) {
+                    return Err(RequestError::BadAllocation(
+                        "a fraction larger than its unit serves",
+                    ));
+                }
+                let take = if fit > 0 {
+                    self.gpu_cap[g as usize]
+                } else {
+                    s.milli.0 as GpuFree
+                };
                 match gpus.iter_mut().find(|(x, _)| *x == g) {
-                    Some(e) => e.1 += s.milli.0 as GpuFree,
-                    None => gpus.push((g, s.milli.0 as GpuFree)),
+                    Some(_) if fit > 0 => {
+                        return Err(RequestError::BadAllocation("a unit serves one fraction"));
+                    }
+                    Some(e) => e.1 += take,
+                    None => gpus.push((g, take)),
                 }
             }
         }
@@ -446,22 +516,19 @@ impl State {
         &self.cat.models[self.nodes[g as usize].model as usize]
     }
 
-    /// Total GPUs in schedulable clusters.
+    /// Total GPUs in schedulable clusters (a fractional unit counts its share).
     pub fn capacity(&self) -> Milli {
         self.nodes
             .iter()
             .filter(|n| self.clusters[n.cluster as usize].schedulable)
-            .map(|n| Milli::gpus(u64::from(n.gpu_count)))
+            .flat_map(|n| n.first_gpu..n.first_gpu + n.gpu_count)
+            .map(|g| Milli(u64::from(self.gpu_cap[g as usize])))
             .sum()
     }
 
     /// GPUs allocated, in all clusters.
     pub fn allocated(&self) -> Milli {
-        let total: u64 = self
-            .nodes
-            .iter()
-            .map(|n| u64::from(n.gpu_count) * MILLI_PER_GPU)
-            .sum();
+        let total: u64 = self.gpu_cap.iter().map(|&c| u64::from(c)).sum();
         let free: u64 = self.gpu_free.iter().map(|&f| u64::from(f)).sum();
         Milli(total - free)
     }
@@ -473,9 +540,8 @@ impl State {
         let n = &self.nodes[g as usize];
         (0..n.gpu_count)
             .map(|i| {
-                Milli(u64::from(
-                    FULL_GPU - self.gpu_free[(n.first_gpu + i) as usize],
-                ))
+                let g = (n.first_gpu + i) as usize;
+                Milli(u64::from(self.gpu_cap[g] - self.gpu_free[g]))
             })
             .collect()
     }

@@ -80,6 +80,8 @@ pub fn inventory(nodes: &[(&str, u32)]) -> Inventory {
                     gpu_count: *n,
                     gpu_memory_mb: 0,
                     fractions_only: false,
+                    whole_only: false,
+                    units: Vec::new(),
                 })
                 .collect(),
         }],

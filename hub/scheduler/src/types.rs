@@ -105,9 +105,49 @@ pub struct NodeInventory {
     pub gpu_count: u32,
     pub gpu_memory_mb: u64,
     /// Its GPUs are partitioned (MIG) or time-sliced: only fractional
-    /// requests fit, never a whole GPU.
+    /// requests fit, never a whole GPU. (A spoke that reports `units` says
+    /// which of each instead.)
     #[serde(default)]
     pub fractions_only: bool,
+    /// Its whole GPUs are never split between workloads: a Kubernetes node
+    /// without time-slicing, where a pod gets whole devices or nothing.
+    #[serde(default)]
+    pub whole_only: bool,
+    /// What each GPU index of the node is, when not all are whole GPUs:
+    /// `units[i]` is GPU index i (then `units.len() == gpu_count`).
+    #[serde(default)]
+    pub units: Vec<GpuUnit>,
+}
+
+/// One schedulable device of a node: a whole GPU, or a fractional unit the
+/// hardware or the device plugin hands out whole — a MIG device or one
+/// time-sliced replica. A unit serves one fraction at a time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuUnit {
+    /// `MIG 2g.20gb`, `time-slice 1/4`; empty for a whole GPU.
+    pub name: String,
+    /// The share of a GPU the unit is, in milli-GPUs (a MIG device:
+    /// compute slices / 7; a time-sliced replica: 1 / replicas); 0 for a
+    /// whole GPU. What the cluster's capacity counts.
+    pub share_milli: u16,
+    /// The largest fraction it serves, in milli-GPUs: a MIG device's memory
+    /// over a whole GPU's (0.25 of an 80 GB H100 needs 20 GB: `2g.20gb` or
+    /// larger, never `1g.10gb`), a replica's share.
+    pub fits_milli: u16,
+}
+
+impl GpuUnit {
+    pub fn whole() -> GpuUnit {
+        GpuUnit {
+            name: String::new(),
+            share_milli: 0,
+            fits_milli: 0,
+        }
+    }
+
+    pub fn is_whole(&self) -> bool {
+        self.share_milli == 0
+    }
 }
 
 /// One slice of one GPU given to a workload.

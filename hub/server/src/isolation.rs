@@ -77,12 +77,8 @@ mod tests {
         let policy = crate::dev::example_policy().expect("example policy");
         let a100 = vec![NodeRecord {
             name: "n".into(),
-            gpus: vec![GpuRecord {
-                index: 0,
-                model: "A100".into(),
-                memory_mb: 0,
-                fractions_only: false,
-            }],
+            gpus: vec![GpuRecord::whole(0, "A100", 0, false)],
+            whole_only: false,
         }];
         let teams = teams_for(&policy, &a100);
         let vision = teams.iter().find(|t| t.name == "vision").expect("vision");

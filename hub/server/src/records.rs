@@ -246,12 +246,68 @@ pub struct GpuRecord {
     /// Partitioned (MIG) or time-sliced: only fractions fit.
     #[serde(default)]
     pub fractions_only: bool,
+    /// A fractional unit's device-plugin resource (`nvidia.com/mig-2g.20gb`);
+    /// empty for a whole GPU.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub unit: String,
+    /// The unit's share of a GPU in thousandths; 0 for a whole GPU.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub share_milli: u32,
+    /// The memory of the whole GPU a unit is part of (0: unknown).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub whole_memory_mb: u64,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
+}
+
+impl GpuRecord {
+    /// A whole GPU.
+    pub fn whole(index: u32, model: &str, memory_mb: u64, fractions_only: bool) -> GpuRecord {
+        GpuRecord {
+            index,
+            model: model.to_string(),
+            memory_mb,
+            fractions_only,
+            unit: String::new(),
+            share_milli: 0,
+            whole_memory_mb: 0,
+        }
+    }
+
+    /// How `describe` names the unit: `MIG 2g.20gb`, `time-slice 1/4`;
+    /// empty for a whole GPU.
+    pub fn unit_name(&self) -> String {
+        if self.unit.is_empty() {
+            return String::new();
+        }
+        if let Some(profile) = self
+            .unit
+            .rsplit('/')
+            .next()
+            .and_then(|r| r.strip_prefix("mig-"))
+        {
+            return format!("MIG {profile}");
+        }
+        match self.share_milli {
+            0 => self.unit.clone(),
+            s => format!("time-slice 1/{}", (1000 / s).max(1)),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeRecord {
     pub name: String,
     pub gpus: Vec<GpuRecord>,
+    /// Whole GPUs are never split between workloads (Kubernetes).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole_only: bool,
 }
 
 /// The last inventory a spoke registered, so a restarted hub knows the

@@ -54,6 +54,7 @@ pub fn workload(
                     .map(|(index, milli)| api::GpuShareView {
                         index,
                         fraction: f64::from(milli) / MILLI_PER_GPU as f64,
+                        unit: None,
                     })
                     .collect(),
             })

@@ -40,7 +40,9 @@ async fn shutdown_ends_spoke_sessions_and_returns_within_the_drain_deadline() {
                     model: "H100".into(),
                     memory_mb: 81920,
                     fractions_only: false,
+                    ..Default::default()
                 }],
+                ..Default::default()
             }],
             ..Default::default()
         })),

@@ -193,8 +193,10 @@ fn register(cluster: &str, instance: &str) -> pb::SpokeMessage {
                         model: "H100".into(),
                         memory_mb: 81_559,
                         fractions_only: false,
+                        ..Default::default()
                     })
                     .collect(),
+                ..Default::default()
             }],
             instance_id: instance.into(),
             ..Default::default()

@@ -54,7 +54,9 @@ impl Spoke {
                     model: "H100".into(),
                     memory_mb: 81920,
                     fractions_only: false,
+                    ..Default::default()
                 }],
+                ..Default::default()
             }],
             instance_id: "scripted".into(),
             running,
@@ -254,7 +256,9 @@ async fn register(url: &str, cluster: &str, token: &str) -> Result<pb::HubMessag
                 model: "H100".into(),
                 memory_mb: 81920,
                 fractions_only: false,
+                ..Default::default()
             }],
+            ..Default::default()
         }],
         token: token.into(),
         ..Default::default()

@@ -62,6 +62,7 @@ fn gpus(model: &str, n: u32) -> Vec<pb::Gpu> {
             model: model.into(),
             memory_mb: 81_559,
             fractions_only: false,
+            ..Default::default()
         })
         .collect()
 }
@@ -73,6 +74,7 @@ fn register(cluster: &str, instance: &str, model: &str) -> pb::Register {
         nodes: vec![pb::Node {
             name: "n0".into(),
             gpus: gpus(model, 4),
+            ..Default::default()
         }],
         instance_id: instance.into(),
         token: TOKEN.into(),
@@ -230,6 +232,7 @@ async fn a_spokes_claims_are_checked_against_the_policy_and_change_nothing() {
         .map(|i| pb::Node {
             name: format!("n{i}"),
             gpus: gpus("H100", 8),
+            ..Default::default()
         })
         .collect();
     let m = refused(r).await;
@@ -241,6 +244,7 @@ async fn a_spokes_claims_are_checked_against_the_policy_and_change_nothing() {
         model: "H100".into(),
         memory_mb: 81_559,
         fractions_only: false,
+        ..Default::default()
     }];
     assert!(refused(r).await.contains("99999"));
     // A model the policy does not declare for the cluster.

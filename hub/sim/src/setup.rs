@@ -71,6 +71,8 @@ pub fn inventory_of(list: &NodeList) -> Inventory {
                     gpu_count: n.gpu_count,
                     gpu_memory_mb: 0,
                     fractions_only: false,
+                    whole_only: false,
+                    units: Vec::new(),
                 })
                 .collect(),
         }],

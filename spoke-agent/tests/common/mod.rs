@@ -342,13 +342,9 @@ pub fn nodes() -> Vec<NodeSpec> {
     vec![NodeSpec {
         name: NODE.into(),
         gpus: (0..4)
-            .map(|index| GpuSpec {
-                index,
-                model: "H100".into(),
-                memory_mb: 81559,
-                fractions_only: false,
-            })
+            .map(|index| GpuSpec::whole(index, "H100", 81559))
             .collect(),
+        whole_only: false,
     }]
 }
 

@@ -44,6 +44,17 @@ pub enum ClusterError {
     /// the one an HTTP client would get).
     #[error("{0}")]
     Rejected(String),
+    /// The scheduler left the pod unbound (its node lacks a resource): no
+    /// kubelet has it, so it cannot run or end.
+    #[error("pod {namespace}/{name} is unschedulable: {message}")]
+    Unschedulable {
+        /// The pod's namespace.
+        namespace: String,
+        /// The pod's name.
+        name: String,
+        /// The scheduler's message (`0/2 nodes are available: …`).
+        message: String,
+    },
 }
 
 /// One deletion a client requested over the API, with the options it sent.

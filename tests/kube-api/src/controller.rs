@@ -68,9 +68,11 @@ pub(crate) fn note_write(s: &mut State, key: &Key, old: Option<&Object>, new: Op
                 s.jobs_to_sync.insert((ns.clone(), job));
             }
             s.quota_namespaces_to_sync.insert(ns.clone());
-            // Capacity came free: jobs refused by quota try again.
+            // Capacity came free: jobs refused by quota try again, and
+            // pods left unschedulable may now fit their node.
             if new.is_none() || (pod_terminal(new) && !pod_terminal(old)) {
                 retry_blocked(s, &ns);
+                s.reschedule = true;
             }
         }
         Kind::Job => match new {
@@ -122,6 +124,8 @@ pub(crate) fn run(s: &mut State) {
             sync_job(s, &ns, &name);
         } else if let Some(ns) = s.quota_namespaces_to_sync.pop_first() {
             admission::sync_quotas(s, &ns);
+        } else if std::mem::take(&mut s.reschedule) {
+            admission::schedule_unscheduled(s);
         } else {
             return;
         }

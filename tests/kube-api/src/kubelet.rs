@@ -86,6 +86,28 @@ pub(crate) fn transition(
             phase,
         });
     }
+    let unschedulable = pod
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        })
+        .and_then(|c| c.message.clone());
+    if let Some(message) = unschedulable
+        && pod.spec.as_ref().is_some_and(|sp| sp.node_name.is_none())
+        && !matches!(t, PodTransition::Unschedulable { .. })
+    {
+        return Err(ClusterError::Unschedulable {
+            namespace: namespace.into(),
+            name: name.into(),
+            message,
+        });
+    }
     let container_id = format!("containerd://{}", s.new_uid().replace('-', ""));
     let pod_ip = format!("10.244.{}.{}", (s.rv >> 8) % 256, s.rv % 254 + 1);
     let status = pod.status.get_or_insert_with(Default::default);

@@ -85,6 +85,9 @@ pub(crate) struct State {
     /// Jobs whose last pod creation was refused (quota, admission); retried
     /// when pods in their namespace finish or quotas change.
     pub(crate) blocked_jobs: BTreeSet<(String, String)>,
+    /// Node capacity came free (a pod ended or went): the scheduler tries
+    /// the pods it left Pending/Unschedulable again.
+    pub(crate) reschedule: bool,
     pub(crate) tracking: HashMap<String, JobTracking>,
     /// "uid\0type\0reason\0message" -> event key, to aggregate repeats
     /// into `count` as the event recorder does.
@@ -110,6 +113,7 @@ impl State {
             deletions: VecDeque::new(),
             logs: HashMap::new(),
             auto_complete: false,
+            reschedule: false,
             dirty: false,
             rng: seed | 1,
             jobs_to_sync: BTreeSet::new(),

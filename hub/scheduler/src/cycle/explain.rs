@@ -223,7 +223,9 @@ impl<'s> Work<'s> {
                 if !models.contains(&node.model) {
                     continue;
                 }
-                total += u64::from(node.gpu_count) * MILLI_PER_GPU;
+                total += (node.first_gpu..node.first_gpu + node.gpu_count)
+                    .map(|g| u64::from(self.s.gpu_cap[g as usize]))
+                    .sum::<u64>();
                 free += (node.first_gpu..node.first_gpu + node.gpu_count)
                     .map(|g| u64::from(self.gpu_free[g as usize]))
                     .sum::<u64>();

@@ -1,7 +1,10 @@
 //! Placement: best fit of a request on the free capacity of a cycle.
-//! Fractions go to the fullest shared GPU that fits before a whole GPU is
-//! split; whole GPUs to the fullest node that holds them; gangs and spread
-//! workloads to the best-fit cluster, all or nothing.
+//! Fractions go to the fullest GPU already shared in software that fits,
+//! then to the smallest free fractional unit that serves them (a MIG device
+//! or a time-sliced replica), and only then is a whole GPU split — never on
+//! a node that hands out whole devices only; whole GPUs go to the fullest
+//! node that holds them; gangs and spread workloads to the best-fit
+//! cluster, all or nothing.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -56,13 +59,20 @@ impl<'s> Work<'s> {
     ) -> Option<Vec<(u32, GpuFree)>> {
         if g.0 < MILLI_PER_GPU {
             let need = g.0 as GpuFree;
-            for &(_, gpu) in self.partial[m as usize].range((need, 0)..) {
-                if ok(self.s.gpu_node[gpu as usize]) {
+            for &(f, gpu) in self.partial[m as usize].range((need, 0)..) {
+                if self.s.fraction_fits(gpu, f, need) && ok(self.s.gpu_node[gpu as usize]) {
+                    return Some(vec![(gpu, need)]);
+                }
+            }
+            // The smallest free unit that serves it: the bigger ones, and
+            // whole GPUs, stay free for bigger requests.
+            for &(_, gpu) in &self.units[m as usize] {
+                if self.s.gpu_fit[gpu as usize] >= need && ok(self.s.gpu_node[gpu as usize]) {
                     return Some(vec![(gpu, need)]);
                 }
             }
             for &(_, node) in self.whole[m as usize].range((1, 0)..) {
-                if ok(node) {
+                if ok(node) && !self.s.nodes[node as usize].whole_only {
                     let n = &self.s.nodes[node as usize];
                     let gpu = (n.first_gpu..n.first_gpu + n.gpu_count)
                         .find(|&x| self.gpu_free[x as usize] == FULL_GPU)?;
@@ -110,22 +120,29 @@ impl<'s> Work<'s> {
             let mut shards = Vec::new();
             if g.0 < MILLI_PER_GPU {
                 let need = g.0 as GpuFree;
-                // Shared GPUs first (best fit), then a fully free one.
-                let mut best: Option<(GpuFree, u32)> = None;
+                // Shared GPUs first (best fit), then the smallest free unit
+                // that serves it, then a fully free GPU.
+                let mut best: Option<(u8, GpuFree, u32)> = None;
                 for &n in &nodes {
                     let nr = &self.s.nodes[n as usize];
                     for x in nr.first_gpu..nr.first_gpu + nr.gpu_count {
                         let f = get(&free_local, x);
-                        if f >= need {
-                            let key = (if f == FULL_GPU { FULL_GPU + 1 } else { f }, x);
+                        if self.s.fraction_fits(x, f, need) {
+                            let key = if self.s.gpu_fit[x as usize] > 0 {
+                                (1, f, x)
+                            } else if f == FULL_GPU {
+                                (2, f, x)
+                            } else {
+                                (0, f, x)
+                            };
                             if best.is_none_or(|b| key < b) {
                                 best = Some(key);
                             }
                         }
                     }
                 }
-                let (_, x) = best?;
-                free_local.insert(x, get(&free_local, x) - need);
+                let (_, _, x) = best?;
+                free_local.insert(x, get(&free_local, x) - self.s.taken(x, need));
                 shards.push((x, need));
             } else {
                 let k = g.whole_gpus() as usize;
@@ -217,7 +234,8 @@ impl<'s> Work<'s> {
                 let nr = &self.s.nodes[n as usize];
                 let gpus = nr.first_gpu..nr.first_gpu + nr.gpu_count;
                 if g.0 < MILLI_PER_GPU {
-                    gpus.into_iter().any(|x| u64::from(free(x)) >= g.0)
+                    gpus.into_iter()
+                        .any(|x| self.s.fraction_fits(x, free(x), g.0 as GpuFree))
                 } else {
                     !nr.fractions_only
                         && gpus.into_iter().filter(|&x| free(x) == FULL_GPU).count() as u64
@@ -315,5 +333,65 @@ mod tests {
         gang.replicas = 3;
         assert!(w.find(&gang, m, None).is_none());
         assert!(!w.fits_in(&req(6, "a", "training", 1.0), m, 0, &[0], &BTreeMap::new()));
+    }
+
+    /// Nine quarters on a cluster like the one where fractions once landed
+    /// on GPUs that could not serve them: a whole-GPU node that hands out
+    /// whole devices only, a node of 3 × `2g.20gb` MIG devices, a node of
+    /// 4 time-sliced replicas, and a node of `1g.10gb` devices too small
+    /// for a quarter of an 80 GB GPU. Seven units serve quarters; two
+    /// quarters wait; no whole GPU is split and no `1g.10gb` is used.
+    #[test]
+    fn fractions_go_only_to_units_that_serve_them() {
+        use crate::types::GpuUnit;
+        let p = policy(&[("a", &[("H100", 0.0, 16.0)])], BorrowedOnly);
+        let mut inv = inventory(&[("H100", 8), ("H100", 3), ("H100", 4), ("H100", 7)]);
+        let unit = |name: &str, share: u16, fits: u16| GpuUnit {
+            name: name.into(),
+            share_milli: share,
+            fits_milli: fits,
+        };
+        let nodes = &mut inv.clusters[0].nodes;
+        nodes[0].whole_only = true;
+        nodes[1].units = vec![unit("MIG 2g.20gb", 285, 250); 3];
+        nodes[2].units = vec![unit("time-slice 1/4", 250, 250); 4];
+        nodes[3].units = vec![unit("MIG 1g.10gb", 142, 125); 7];
+        let mut s = State::new(p, &inv);
+        let m = s.cat.model_index["H100"];
+        let mut placed = Vec::new();
+        for id in 1..=9 {
+            let w = Work::new(&s, true, 0);
+            let r = req(id, "a", "development", 0.25);
+            let Some(plan) = w.find(&r, m, None) else {
+                continue;
+            };
+            let (g, milli) = plan[0][0];
+            let node = s.gpu_node[g as usize];
+            placed.push(node);
+            let n = &s.nodes[node as usize];
+            let alloc = crate::types::Allocation {
+                cluster: 0,
+                replicas: vec![vec![crate::types::Shard {
+                    node: n.local,
+                    gpu: g - n.first_gpu,
+                    milli: Milli(u64::from(milli)),
+                }]],
+            };
+            s.start(std::sync::Arc::new(r), alloc, 0).unwrap();
+        }
+        placed.sort_unstable();
+        // Time-sliced replicas (share 250) before the MIG devices (285).
+        assert_eq!(placed, [1, 1, 1, 2, 2, 2, 2], "{placed:?}");
+        // A unit serves one fraction: each is taken whole.
+        assert_eq!(s.node_allocated(0, 1), vec![Milli(285); 3]);
+        assert_eq!(s.node_allocated(0, 0), vec![Milli::ZERO; 8]);
+        // A whole GPU still fits on the whole-GPU node, and only there.
+        let w = Work::new(&s, true, 0);
+        let plan = w.find(&req(20, "a", "training", 2.0), m, None).unwrap();
+        assert!(plan[0].iter().all(|&(g, _)| s.gpu_node[g as usize] == 0));
+        // A half fits no unit at all (the largest serves a quarter).
+        assert!(w.find(&req(21, "a", "development", 0.5), m, None).is_none());
+        // Capacity counts each unit's share, not a GPU per device.
+        assert_eq!(s.capacity(), Milli(8000 + 3 * 285 + 4 * 250 + 7 * 142));
     }
 }

@@ -23,6 +23,9 @@ pub(super) struct Work<'s> {
     /// Per model: (free milli, gpu) for schedulable GPUs that are partly
     /// used, and every GPU with room of a node that takes only fractions.
     pub(super) partial: Vec<BTreeSet<(GpuFree, u32)>>,
+    /// Per model: (share, gpu) of every free fractional unit (MIG device,
+    /// time-sliced replica) of a schedulable node: smallest first.
+    pub(super) units: Vec<BTreeSet<(GpuFree, u32)>>,
     /// [cluster][model] fully free GPUs (that may take whole requests).
     pub(super) cluster_full: Vec<Vec<u32>>,
     pub(super) global_free: u64,
@@ -47,6 +50,7 @@ impl<'s> Work<'s> {
             node_full: vec![0; s.nodes.len()],
             whole: vec![BTreeSet::new(); models],
             partial: vec![BTreeSet::new(); models],
+            units: vec![BTreeSet::new(); models],
             cluster_full: vec![vec![0; models]; s.clusters.len()],
             global_free: 0,
             usage: s.usage.clone(),
@@ -67,7 +71,11 @@ impl<'s> Work<'s> {
             let mut full = 0;
             for g in n.first_gpu..n.first_gpu + n.gpu_count {
                 let f = w.gpu_free[g as usize];
-                if n.fractions_only {
+                if s.gpu_fit[g as usize] > 0 {
+                    if f == s.gpu_cap[g as usize] && sched {
+                        w.units[n.model as usize].insert((f, g));
+                    }
+                } else if n.fractions_only {
                     if f > 0 && sched {
                         w.partial[n.model as usize].insert((f, g));
                     }
@@ -111,6 +119,16 @@ impl<'s> Work<'s> {
             return;
         }
         self.global_free = self.global_free + u64::from(new_free) - u64::from(old);
+        let cap = self.s.gpu_cap[g as usize];
+        if self.s.gpu_fit[g as usize] > 0 {
+            if old == cap {
+                self.units[model].remove(&(old, g));
+            }
+            if new_free == cap {
+                self.units[model].insert((new_free, g));
+            }
+            return;
+        }
         if n.fractions_only {
             if old > 0 {
                 self.partial[model].remove(&(old, g));
@@ -181,7 +199,7 @@ impl<'s> Work<'s> {
                         let node = self.s.gpu_node[g as usize];
                         let n = &self.s.nodes[node as usize];
                         cluster = n.cluster;
-                        self.adjust(g, self.gpu_free[g as usize] - m);
+                        self.adjust(g, self.gpu_free[g as usize] - self.s.taken(g, m));
                         Shard {
                             node: n.local,
                             gpu: g - n.first_gpu,

@@ -218,6 +218,8 @@ impl InventoryBuilder {
                 gpu_count,
                 gpu_memory_mb: 80 * 1024,
                 fractions_only: false,
+                whole_only: false,
+                units: Vec::new(),
             });
         self
     }

@@ -136,6 +136,19 @@ pub fn check(policy: &Policy, r: &pb::Register) -> Result<Checked, HubError> {
                 &format!("{field}.gpus"),
             ));
         }
+        if let Some(g) = n
+            .gpus
+            .iter()
+            .find(|g| !g.unit.is_empty() && !(1..=1000).contains(&g.share_milli))
+        {
+            return Err(refused(
+                format!(
+                    "device {} of node {:?} is a unit ({}) with a share of {} thousandths of a GPU; a unit is 1 to 1000",
+                    g.index, n.name, g.unit, g.share_milli
+                ),
+                &format!("{field}.gpus"),
+            ));
+        }
         if let Some(g) = n.gpus.iter().find(|g| g.model.is_empty()) {
             return Err(refused(
                 format!("GPU {} of node {:?} has no model", g.index, n.name),
@@ -152,8 +165,12 @@ pub fn check(policy: &Policy, r: &pb::Register) -> Result<Checked, HubError> {
                     model: g.model.clone(),
                     memory_mb: g.memory_mb,
                     fractions_only: g.fractions_only,
+                    unit: g.unit.clone(),
+                    share_milli: g.share_milli,
+                    whole_memory_mb: g.whole_memory_mb,
                 })
                 .collect(),
+            whole_only: n.whole_only,
         });
     }
     if let Some(c) = declared
@@ -258,8 +275,10 @@ spec:
                     model: model.into(),
                     memory_mb: 81_559,
                     fractions_only: false,
+                    ..Default::default()
                 })
                 .collect(),
+            ..Default::default()
         }
     }
 

@@ -214,7 +214,41 @@ impl ReadView {
     }
 
     pub fn view(&self, id: u64) -> Option<api::WorkloadView> {
-        view_in(&self.workloads, &self.reasons, id)
+        let mut v = view_in(&self.workloads, &self.reasons, id)?;
+        self.name_units(&mut v);
+        Some(v)
+    }
+
+    /// Names the fractional unit of every shard that runs on one (what
+    /// `describe` shows: `mig-b: MIG 2g.20gb #1`).
+    fn name_units(&self, v: &mut api::WorkloadView) {
+        let Some(c) = v
+            .cluster
+            .as_deref()
+            .and_then(|name| self.clusters.iter().find(|c| c.name == name))
+        else {
+            return;
+        };
+        for r in &mut v.replicas {
+            let Some(n) = c.nodes.iter().find(|n| n.name == r.node) else {
+                continue;
+            };
+            for g in &mut r.gpus {
+                g.unit = n
+                    .gpus
+                    .iter()
+                    .find(|d| d.index == g.index && !d.unit.is_empty())
+                    .map(|d| {
+                        // Its number among the node's devices of that kind.
+                        let nth = n
+                            .gpus
+                            .iter()
+                            .filter(|x| x.unit == d.unit && x.index < d.index)
+                            .count();
+                        format!("{} #{nth}", d.unit_name())
+                    });
+            }
+        }
     }
 
     /// One page of the workloads matching `p`, in id order, and the token
@@ -337,20 +371,37 @@ impl ReadView {
                         gpus: n
                             .gpus
                             .iter()
-                            .map(|g| api::GpuView {
-                                index: g.index,
-                                model: g.model.clone(),
-                                memory_mb: g.memory_mb,
-                                allocated: allocated
+                            .map(|g| {
+                                let used = allocated
                                     .get(&(name.as_str(), n.name.as_str(), g.index))
                                     .copied()
-                                    .unwrap_or(0) as f64
-                                    / MILLI_PER_GPU as f64,
+                                    .unwrap_or(0);
+                                let (unit, share) = if g.unit.is_empty() {
+                                    (None, 1.0)
+                                } else {
+                                    (
+                                        Some(g.unit_name()),
+                                        f64::from(g.share_milli) / MILLI_PER_GPU as f64,
+                                    )
+                                };
+                                api::GpuView {
+                                    index: g.index,
+                                    model: g.model.clone(),
+                                    memory_mb: g.memory_mb,
+                                    // A unit serves one fraction, whole.
+                                    allocated: match unit {
+                                        Some(_) if used > 0 => share,
+                                        Some(_) => 0.0,
+                                        None => used as f64 / MILLI_PER_GPU as f64,
+                                    },
+                                    unit,
+                                    share,
+                                }
                             })
                             .collect(),
                     })
                     .collect();
-                let total: f64 = nodes.iter().map(|n| n.gpus.len() as f64).sum();
+                let total: f64 = nodes.iter().flat_map(|n| &n.gpus).map(|g| g.share).sum();
                 let alloc: f64 = nodes
                     .iter()
                     .flat_map(|n| &n.gpus)

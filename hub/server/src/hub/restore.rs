@@ -164,13 +164,11 @@ pub(super) fn add_declared_clusters(
             .map(|n| NodeRecord {
                 name: n.name.clone(),
                 gpus: (0..n.gpu_count)
-                    .map(|index| GpuRecord {
-                        index,
-                        model: n.gpu_model.clone(),
-                        memory_mb: n.gpu_memory_mb,
-                        fractions_only: n.fractions_only,
+                    .map(|index| {
+                        GpuRecord::whole(index, &n.gpu_model, n.gpu_memory_mb, n.fractions_only)
                     })
                     .collect(),
+                whole_only: n.whole_only,
             })
             .collect();
         let labels = policy

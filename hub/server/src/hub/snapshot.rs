@@ -78,24 +78,7 @@ impl Inner {
                     nodes: c
                         .nodes
                         .iter()
-                        .flat_map(|n| {
-                            // One inventory node per GPU model on the node.
-                            let mut by_model: BTreeMap<&str, (u32, u64, bool)> = BTreeMap::new();
-                            for g in &n.gpus {
-                                let e = by_model.entry(&g.model).or_insert((0, g.memory_mb, false));
-                                e.0 = e.0.max(g.index + 1);
-                                e.2 |= g.fractions_only;
-                            }
-                            by_model
-                                .into_iter()
-                                .map(|(m, (count, mem, fractions_only))| NodeInventory {
-                                    name: n.name.clone(),
-                                    gpu_model: m.to_string(),
-                                    gpu_count: count,
-                                    gpu_memory_mb: mem,
-                                    fractions_only,
-                                })
-                        })
+                        .flat_map(|n| self.node_inventory(n))
                         .collect(),
                 })
                 .collect(),
@@ -103,6 +86,70 @@ impl Inner {
         // Among clusters that fit equally, the cheaper wins.
         inv.order_by_price();
         inv
+    }
+
+    /// One inventory node per GPU model on the node, with its fractional
+    /// units (MIG devices, time-sliced replicas) when it has any.
+    fn node_inventory(&self, n: &crate::records::NodeRecord) -> Vec<NodeInventory> {
+        let mut by_model: BTreeMap<&str, Vec<&crate::records::GpuRecord>> = BTreeMap::new();
+        for g in &n.gpus {
+            by_model.entry(&g.model).or_default().push(g);
+        }
+        by_model
+            .into_iter()
+            .map(|(m, gpus)| {
+                let count = gpus.iter().map(|g| g.index + 1).max().unwrap_or(0);
+                let mem = gpus
+                    .iter()
+                    .find(|g| g.unit.is_empty())
+                    .or(gpus.first())
+                    .map_or(0, |g| g.memory_mb);
+                let units = if gpus.iter().any(|g| !g.unit.is_empty()) {
+                    (0..count)
+                        .map(|i| match gpus.iter().find(|g| g.index == i) {
+                            Some(g) if !g.unit.is_empty() => self.unit_of(m, g),
+                            _ => axle_scheduler::GpuUnit::whole(),
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                NodeInventory {
+                    name: n.name.clone(),
+                    gpu_model: m.to_string(),
+                    gpu_count: count,
+                    gpu_memory_mb: mem,
+                    fractions_only: gpus.iter().any(|g| g.fractions_only && g.unit.is_empty()),
+                    whole_only: n.whole_only,
+                    units,
+                }
+            })
+            .collect()
+    }
+
+    /// A fractional unit as the scheduler sees it. The largest fraction a
+    /// MIG device serves is its memory over a whole GPU's (the policy's
+    /// `fractionMemoryGb` for the model, else what the node reported); a
+    /// time-sliced replica serves its share.
+    fn unit_of(&self, model: &str, g: &crate::records::GpuRecord) -> axle_scheduler::GpuUnit {
+        let share = g.share_milli.min(1000) as u16;
+        let whole_mb = self
+            .policy
+            .settings
+            .fraction_memory_gb
+            .get(model)
+            .map(|gb| gb * 1024)
+            .unwrap_or(g.whole_memory_mb);
+        let fits = if g.unit.contains("mig-") && whole_mb > 0 {
+            (g.memory_mb.saturating_mul(1000) / whole_mb).min(1000) as u16
+        } else {
+            share
+        };
+        axle_scheduler::GpuUnit {
+            name: g.unit_name(),
+            share_milli: share,
+            fits_milli: fits,
+        }
     }
 
     /// Maps a stored placement onto the current inventory's indices.

@@ -186,8 +186,10 @@ impl Core {
                         model: "H100".into(),
                         memory_mb: 81920,
                         fractions_only: false,
+                        ..Default::default()
                     })
                     .collect(),
+                ..Default::default()
             }],
             // One spoke process: a second registration is its reconnect.
             instance_id: "scripted".into(),
@@ -546,7 +548,9 @@ async fn hub_time_is_tokios_so_spoke_loss_needs_no_real_waiting() {
                     model: "H100".into(),
                     memory_mb: 81920,
                     fractions_only: false,
+                    ..Default::default()
                 }],
+                ..Default::default()
             }],
             ..Default::default()
         },

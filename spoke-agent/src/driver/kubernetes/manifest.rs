@@ -60,8 +60,12 @@ pub fn priority_class_name(opts: &ManifestOptions, class: &str) -> String {
 }
 
 /// The device-plugin resources for one replica's GPUs on `node`: whole GPUs
-/// as `nvidia.com/gpu`, a fraction as the smallest MIG profile that holds
-/// it, else one unit of the time-slicing resource.
+/// as `nvidia.com/gpu`, a fraction as exactly the unit the hub placed it on
+/// (the device the node reported at that index: a MIG profile or a
+/// time-sliced replica). A fraction on an index the node does not report
+/// as a unit (an inventory the hub had before the node changed) falls back
+/// to the smallest MIG profile that holds it, else the time-slicing
+/// resource; the pod then waits, Pending, until the cluster has one.
 pub fn gpu_resources(
     replica: &pb::Replica,
     node: Option<&NodeFacts>,
@@ -72,6 +76,17 @@ pub fn gpu_resources(
     if total >= 1000 || replica.gpus.len() > 1 {
         let whole = u64::from(total.div_ceil(1000));
         out.insert(WHOLE_GPU.to_string(), Quantity(whole.to_string()));
+        return out;
+    }
+    let unit = replica.gpus.first().and_then(|g| {
+        node?
+            .spec
+            .gpus
+            .iter()
+            .find(|d| d.index == g.index && !d.unit.is_empty())
+    });
+    if let Some(d) = unit {
+        out.insert(d.unit.clone(), Quantity("1".into()));
         return out;
     }
     let mig = node.and_then(|n| n.mig.iter().find(|(_, milli)| *milli >= total));
@@ -407,8 +422,19 @@ pub(crate) mod tests {
     #[test]
     fn fractions_use_a_fitting_mig_profile_else_the_shared_resource() {
         let n = nodes();
+        // The unit the hub placed it on, exactly: devices 0–6 of node
+        // `mig` are 1g.10gb, 7–8 3g.40gb.
         let mig = gpu_resources(
-            &assign(1, &[("mig", &[(0, 250)])]).replicas[0],
+            &assign(1, &[("mig", &[(7, 250)])]).replicas[0],
+            n.get("mig"),
+            &opts(),
+        );
+        assert_eq!(mig.keys().collect::<Vec<_>>(), ["nvidia.com/mig-3g.40gb"]);
+        assert_eq!(mig["nvidia.com/mig-3g.40gb"].0, "1");
+        // A device the node does not report as a unit: the smallest MIG
+        // profile that holds the fraction.
+        let mig = gpu_resources(
+            &assign(1, &[("mig", &[(40, 250)])]).replicas[0],
             n.get("mig"),
             &opts(),
         );
@@ -424,7 +450,7 @@ pub(crate) mod tests {
         );
         assert_eq!(shared.keys().collect::<Vec<_>>(), ["nvidia.com/gpu.shared"]);
         let too_big = gpu_resources(
-            &assign(1, &[("mig", &[(0, 750)])]).replicas[0],
+            &assign(1, &[("mig", &[(40, 750)])]).replicas[0],
             n.get("mig"),
             &opts(),
         );

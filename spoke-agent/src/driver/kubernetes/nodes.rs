@@ -17,6 +17,11 @@ pub const MIG_PREFIX: &str = "nvidia.com/mig-";
 pub const LABEL_PRODUCT: &str = "nvidia.com/gpu.product";
 pub const LABEL_MEMORY_MIB: &str = "nvidia.com/gpu.memory";
 pub const LABEL_COUNT: &str = "nvidia.com/gpu.count";
+/// GPU feature discovery's time-slicing replicas per GPU.
+pub const LABEL_REPLICAS: &str = "nvidia.com/gpu.replicas";
+/// Most devices one node reports: 8 GPUs × 7 MIG devices is 56, and
+/// time-slicing 8 GPUs 16 ways is 128; far past that it is not a GPU node.
+pub const MAX_DEVICES_PER_NODE: usize = 1024;
 pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 /// Compute slices of the GPUs MIG partitions (A100, H100, H200): a profile
 /// `Ng.*` is N sevenths of the GPU.
@@ -47,6 +52,17 @@ pub struct InventoryOptions {
 
 fn quantity_count(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> u64 {
     q.0.trim().parse::<u64>().unwrap_or(0)
+}
+
+/// The memory of a MIG profile (`3g.40gb`: 40 GB), in MiB.
+pub fn mig_memory_mb(profile: &str) -> Option<u64> {
+    let gb = profile
+        .split('.')
+        .nth(1)?
+        .strip_suffix("gb")?
+        .parse::<u64>()
+        .ok()?;
+    Some(gb * 1024)
 }
 
 /// The thousandths of a GPU a MIG profile (`3g.40gb`) is, by compute slices.
@@ -117,7 +133,7 @@ pub fn node_facts(node: &Node, opts: &InventoryOptions) -> Option<NodeFacts> {
         .and_then(|c| c.parse::<u64>().ok())
         .unwrap_or(0);
     let count = if whole > 0 { whole } else { labelled };
-    if count == 0 {
+    if count == 0 && mig.is_empty() && shared == 0 {
         return None;
     }
     let model = labels
@@ -128,7 +144,61 @@ pub fn node_facts(node: &Node, opts: &InventoryOptions) -> Option<NodeFacts> {
         .get(LABEL_MEMORY_MIB)
         .and_then(|m| m.parse::<u64>().ok())
         .unwrap_or(0);
-    let count = u32::try_from(count.min(1024)).unwrap_or(1024);
+    // Every device the node hands out, each a schedulable unit: whole
+    // GPUs (index 0…), then each MIG device, then each time-sliced
+    // replica. A pod gets exactly one of these resources for a fraction.
+    let mut gpus: Vec<GpuSpec> = Vec::new();
+    for _ in 0..whole {
+        let index = gpus.len() as u32;
+        gpus.push(GpuSpec::whole(index, &model, memory_mb));
+    }
+    for (resource, q) in &allocatable {
+        let Some(profile) = resource.strip_prefix(MIG_PREFIX) else {
+            continue;
+        };
+        let (Some(share), Some(mem)) = (mig_milli(profile), mig_memory_mb(profile)) else {
+            continue;
+        };
+        for _ in 0..quantity_count(q).min(MAX_DEVICES_PER_NODE as u64) {
+            let index = gpus.len() as u32;
+            gpus.push(GpuSpec {
+                index,
+                model: model.clone(),
+                memory_mb: mem,
+                fractions_only: true,
+                unit: resource.clone(),
+                share_milli: share,
+                whole_memory_mb: memory_mb,
+            });
+        }
+    }
+    if shared > 0 {
+        // Replicas per GPU: feature discovery's label, else the replicas
+        // spread over the physical GPUs.
+        let per_gpu = labels
+            .get(LABEL_REPLICAS)
+            .and_then(|r| r.parse::<u64>().ok())
+            .filter(|&r| r > 0)
+            .unwrap_or_else(|| shared.div_ceil(labelled.max(1)))
+            .max(1);
+        let share = u32::try_from((1000 / per_gpu).max(1)).unwrap_or(1);
+        for _ in 0..shared.min(MAX_DEVICES_PER_NODE as u64) {
+            let index = gpus.len() as u32;
+            gpus.push(GpuSpec {
+                index,
+                model: model.clone(),
+                memory_mb,
+                fractions_only: true,
+                unit: opts.shared_resource.clone(),
+                share_milli: share,
+                whole_memory_mb: memory_mb,
+            });
+        }
+    }
+    gpus.truncate(MAX_DEVICES_PER_NODE);
+    if gpus.is_empty() {
+        return None;
+    }
     Some(NodeFacts {
         hostname: labels
             .get(LABEL_HOSTNAME)
@@ -136,16 +206,9 @@ pub fn node_facts(node: &Node, opts: &InventoryOptions) -> Option<NodeFacts> {
             .unwrap_or_else(|| name.clone()),
         spec: NodeSpec {
             name: name.clone(),
-            gpus: (0..count)
-                .map(|index| GpuSpec {
-                    index,
-                    model: model.clone(),
-                    memory_mb,
-                    // No whole-GPU resource: every GPU is partitioned (MIG)
-                    // or time-sliced, so only fractions fit.
-                    fractions_only: whole == 0,
-                })
-                .collect(),
+            gpus,
+            // A pod gets whole devices: GPUs are never split in software.
+            whole_only: true,
         },
         name,
         mig,
@@ -215,7 +278,29 @@ pub(crate) mod tests {
             ],
         );
         let f = node_facts(&n, &opts()).unwrap();
-        assert_eq!(f.spec.gpus.len(), 4, "counted from the discovery label");
+        // Observed: a MIG node was reported as its physical GPUs, split in
+        // quarters by the hub; each MIG device is now a unit of its own.
+        assert_eq!(f.spec.gpus.len(), 9, "7 × 1g.10gb and 2 × 3g.40gb");
+        assert!(f.spec.whole_only);
+        let g = &f.spec.gpus;
+        assert_eq!(
+            (
+                g[0].unit.as_str(),
+                g[0].share_milli,
+                g[0].memory_mb,
+                g[0].whole_memory_mb
+            ),
+            ("nvidia.com/mig-1g.10gb", 142, 10 * 1024, 81920)
+        );
+        assert_eq!(
+            (
+                g[8].index,
+                g[8].unit.as_str(),
+                g[8].share_milli,
+                g[8].memory_mb
+            ),
+            (8, "nvidia.com/mig-3g.40gb", 428, 40 * 1024)
+        );
         assert_eq!(
             f.mig,
             vec![
@@ -226,6 +311,14 @@ pub(crate) mod tests {
         let n = gpu_node("s", "NVIDIA-L4", &[("nvidia.com/gpu.shared", "16")]);
         let f = node_facts(&n, &opts()).unwrap();
         assert_eq!((f.shared, f.spec.gpus[0].model.as_str()), (16, "L4"));
+        // 16 replicas over the 4 GPUs the label counts: each is a quarter.
+        assert_eq!(f.spec.gpus.len(), 16);
+        assert!(
+            f.spec
+                .gpus
+                .iter()
+                .all(|g| g.unit == "nvidia.com/gpu.shared" && g.share_milli == 250)
+        );
     }
 
     #[test]

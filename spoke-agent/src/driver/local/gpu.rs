@@ -147,12 +147,7 @@ pub fn parse_nvidia_smi(output: &str) -> Result<Vec<GpuSpec>, DiscoverError> {
         let memory_mb: u64 = memory_text
             .parse()
             .map_err(|_| parse_err("memory.total is not a number of MiB"))?;
-        gpus.push(GpuSpec {
-            index,
-            model: gpu_class(name),
-            memory_mb,
-            fractions_only: false,
-        });
+        gpus.push(GpuSpec::whole(index, &gpu_class(name), memory_mb));
     }
     Ok(gpus)
 }
@@ -181,14 +176,13 @@ pub fn build_nodes(
                 .cloned()
                 .unwrap_or_else(|| format!("node-{i}"));
             let gpus = (0..count)
-                .map(|index| GpuSpec {
-                    index,
-                    model: model.clone(),
-                    memory_mb: memory_gb * MIB_PER_GIB,
-                    fractions_only: false,
-                })
+                .map(|index| GpuSpec::whole(index, &model, memory_gb * MIB_PER_GIB))
                 .collect();
-            nodes.push(NodeSpec { name, gpus });
+            nodes.push(NodeSpec {
+                name,
+                gpus,
+                whole_only: false,
+            });
         }
         return Ok(nodes);
     }
@@ -208,7 +202,11 @@ pub fn build_nodes(
         // No nvidia-smi and nothing declared: a CPU-only node.
         None => Vec::new(),
     };
-    Ok(vec![NodeSpec { name, gpus }])
+    Ok(vec![NodeSpec {
+        name,
+        gpus,
+        whole_only: false,
+    }])
 }
 
 /// Runs `nvidia-smi` when nothing is declared; `Ok(None)` when it is not installed.
@@ -335,18 +333,8 @@ mod tests {
         assert_eq!(
             gpus,
             vec![
-                GpuSpec {
-                    index: 0,
-                    model: "H100".into(),
-                    memory_mb: 81559,
-                    fractions_only: false,
-                },
-                GpuSpec {
-                    index: 1,
-                    model: "H100".into(),
-                    memory_mb: 81559,
-                    fractions_only: false,
-                },
+                GpuSpec::whole(0, "H100", 81559),
+                GpuSpec::whole(1, "H100", 81559),
             ]
         );
     }

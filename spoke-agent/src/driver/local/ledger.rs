@@ -162,13 +162,9 @@ mod tests {
         vec![NodeSpec {
             name: "n0".into(),
             gpus: (0..2)
-                .map(|index| GpuSpec {
-                    index,
-                    model: "H100".into(),
-                    memory_mb: 1,
-                    fractions_only: false,
-                })
+                .map(|index| GpuSpec::whole(index, "H100", 1))
                 .collect(),
+            whole_only: false,
         }]
     }
 

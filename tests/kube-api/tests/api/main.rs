@@ -6,6 +6,7 @@ mod crud;
 mod jobs;
 mod logs;
 mod quota;
+mod scheduling;
 mod selectors;
 mod support;
 mod watch;
