@@ -245,6 +245,11 @@ fn print_text(reports: &[(SimReport, f64)]) {
     });
     row("makespan_s", &|r| r.makespan_s.to_string());
     row("cycles", &|r| r.cycles.to_string());
+    row("start_estimates_within_25pct", &|r| {
+        r.start_estimates.as_ref().map_or("-".to_string(), |e| {
+            format!("{}/{}", e.within_25pct, e.estimated)
+        })
+    });
     for (r, secs) in reports {
         for (why, n) in &r.rejected_reasons {
             println!("{}: rejected {n} jobs: {why}", r.mode.as_str());

@@ -117,6 +117,7 @@ fn spec(id: u64, team: usize, class: &str, gpus: Milli) -> WorkloadSpec {
         checkpoint_interval_s: None,
         max_runtime_s: None,
         has_image: false,
+        expected_runtime: None,
     }
 }
 

@@ -10,13 +10,15 @@ mod catalog;
 pub mod cycle;
 pub mod error;
 pub mod inventory;
+pub mod runtime;
 pub mod state;
 #[cfg(test)]
 mod testkit;
 pub mod types;
 pub mod validate;
 
-pub use cycle::{CycleOptions, cycle};
+pub use cycle::{CycleOptions, cycle, estimate_start};
 pub use error::RequestError;
+pub use runtime::{RuntimeEstimate, RuntimeStats, name_prefix};
 pub use state::{ClassUsage, RunningWorkload, State, TeamUsage};
 pub use types::*;

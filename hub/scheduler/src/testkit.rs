@@ -104,6 +104,7 @@ pub fn req(id: u64, team: &str, class: &str, g: f64) -> WorkloadSpec {
         checkpoint_interval_s: None,
         max_runtime_s: None,
         has_image: false,
+        expected_runtime: None,
     }
 }
 

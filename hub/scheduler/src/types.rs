@@ -43,6 +43,11 @@ pub struct WorkloadSpec {
     /// default image of their own).
     #[serde(default)]
     pub has_image: bool,
+    /// Without a max runtime: what its run is expected to take, from the
+    /// earlier runs of its kind ([`crate::RuntimeStats`]); start estimates
+    /// only.
+    #[serde(default)]
+    pub expected_runtime: Option<crate::RuntimeEstimate>,
 }
 
 impl WorkloadSpec {
@@ -379,6 +384,10 @@ pub enum PendingReason {
         estimated_start_ms: Option<u64>,
         /// The same, from the cycle's `now`.
         estimated_wait_ms: Option<u64>,
+        /// What the estimate rests on when some work in the way has no max
+        /// runtime: `212 earlier runs of sweep-*` (its kind's median run).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        estimate_basis: Option<String>,
         /// Why it has not burst to a cloud provider, when it may (the hub's
         /// burst controller fills it in; the scheduler leaves it `None`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -536,6 +545,7 @@ impl fmt::Display for PendingReason {
                 queue_position,
                 estimated_start_ms: _,
                 estimated_wait_ms,
+                estimate_basis,
                 burst,
             } => {
                 write!(
@@ -574,15 +584,20 @@ impl fmt::Display for PendingReason {
                 if let Some(p) = queue_position {
                     write!(f, "; {} in line for this shape", ordinal(*p))?;
                 }
-                match estimated_wait_ms {
-                    Some(w) => write!(
+                match (estimated_wait_ms, estimate_basis) {
+                    (Some(w), None) => write!(
                         f,
                         "; estimated start in {} (when the work holding the GPUs reaches its max runtime, if nothing ahead takes them)",
                         fmt_wait(*w)
                     ),
-                    None => write!(
+                    (Some(w), Some(b)) => write!(
                         f,
-                        "; no estimate (the work holding the GPUs has no max runtime)"
+                        "; estimated start in about {}, from {b} (if nothing ahead takes the GPUs)",
+                        fmt_wait(*w)
+                    ),
+                    (None, _) => write!(
+                        f,
+                        "; no estimate (the work holding the GPUs has no max runtime and no earlier runs of its kind to go by, or more work waits before it than that work frees)"
                     ),
                 }?;
                 match burst {

@@ -14,4 +14,4 @@ pub mod trace;
 
 pub use baseline::{Mode, complete_policy, static_policy};
 pub use replay::{Progress, SimJob, simulate};
-pub use report::{DelayStats, SimReport, TeamReport};
+pub use report::{DelayStats, EstimateReport, SimReport, TeamReport};

@@ -9,14 +9,15 @@ use std::sync::Arc;
 use axle_policy::{MILLI_PER_GPU, Milli, Policy};
 use axle_scheduler::validate::round_to_granularity;
 use axle_scheduler::{
-    CycleOptions, Decisions, Inventory, RequestError, State, WorkloadId, WorkloadSpec, cycle,
+    CycleOptions, Decisions, Inventory, RequestError, RuntimeStats, State, WorkloadId,
+    WorkloadSpec, cycle, estimate_start,
 };
 
 use crate::baseline::{
     FIRST_FIT_CLASS, Mode, ONE_QUEUE_TEAM, first_fit_policy, one_queue_policy, static_policy,
 };
 use crate::guarantee::GuaranteeBook;
-use crate::report::{DelayStats, SimReport, TeamReport};
+use crate::report::{DelayStats, EstimateReport, SimReport, TeamReport};
 
 /// One job to replay. Times in seconds from the trace start.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,6 +122,7 @@ pub fn simulate(
                 .map(|c| c.checkpoint_interval_s),
             max_runtime_s: None,
             has_image: false,
+            expected_runtime: None,
         };
         let mut replayed = spec.clone();
         match mode {
@@ -163,6 +165,13 @@ pub fn simulate(
     // Demand (milli) of pending workloads, for the idle-while-waiting figure.
     let mut waiting_demand: u64 = 0;
     let total = jobs.len() as u64;
+    // Start estimates, checked against what happened (Axle only): run
+    // times of finished jobs by kind, each waiting job's estimated start
+    // when it first waited, and its first start.
+    let mut runtimes = RuntimeStats::new();
+    let mut eta: Vec<Option<u64>> = vec![None; jobs.len()];
+    let mut first_start: Vec<Option<u64>> = vec![None; jobs.len()];
+    let mut submitted_now: Vec<WorkloadId> = Vec::new();
     progress(Progress {
         jobs_submitted: 0,
         jobs_total: total,
@@ -205,15 +214,27 @@ pub fn simulate(
             r.remaining_ms = 0;
             r.finished = true;
             state.remove(id);
+            if mode == Mode::Axle {
+                let j = &jobs[id as usize];
+                runtimes.record(&j.team, &j.priority_class, &j.name, j.duration_s);
+            }
             book.stop(id as usize, specs[id as usize].total_gpus());
         }
+        submitted_now.clear();
         while next < specs.len() && specs[next].submit_time_ms == t {
             let spec = specs[next].clone();
             next += 1;
             let admitted = if mode == Mode::Fifo {
                 state.validate(&spec).map(|()| fifo.push_back(spec.id))
             } else {
-                state.submit((*spec).clone())
+                let mut s = (*spec).clone();
+                if mode == Mode::Axle {
+                    // What the hub does at submit: the run time of its kind.
+                    let j = &jobs[spec.id as usize];
+                    s.expected_runtime = runtimes.estimate(&j.team, &j.priority_class, &j.name);
+                    submitted_now.push(spec.id);
+                }
+                state.submit(s)
             };
             match admitted {
                 Ok(()) => {
@@ -262,6 +283,9 @@ pub fn simulate(
             }
         }
         for d in &decisions {
+            for p in &d.placements {
+                first_start[p.workload as usize].get_or_insert(t);
+            }
             record(
                 d,
                 t,
@@ -276,6 +300,12 @@ pub fn simulate(
         }
         if !decisions.is_empty() || next_arrival == Some(t) {
             violations += book.check(&state, &specs);
+        }
+        // A job that waits: the start its pending reason would estimate.
+        for &id in &submitted_now {
+            if first_start[id as usize].is_none() {
+                eta[id as usize] = estimate_start(&state, id, t).map(|(at, _)| at);
+            }
         }
     }
     progress(Progress {
@@ -376,6 +406,29 @@ pub fn simulate(
             .map(|(k, v)| (k, DelayStats::of(v)))
             .collect(),
         rejected_reasons: rejected,
+        start_estimates: (mode == Mode::Axle).then(|| {
+            let mut r = EstimateReport::default();
+            for (i, j) in jobs.iter().enumerate() {
+                let submit = j.submit_time_s * 1000;
+                let Some(start) = first_start[i].filter(|&s| s > submit) else {
+                    continue;
+                };
+                r.waited += 1;
+                let Some(est) = eta[i] else { continue };
+                r.estimated += 1;
+                let real = (start - submit) as f64;
+                let guess = est.saturating_sub(submit) as f64;
+                if (guess - real).abs() <= 0.25 * real {
+                    r.within_25pct += 1;
+                }
+            }
+            r.fraction_within_25pct = if r.estimated > 0 {
+                r.within_25pct as f64 / r.estimated as f64
+            } else {
+                0.0
+            };
+            r
+        }),
     }
 }
 

@@ -80,4 +80,21 @@ pub struct SimReport {
     pub per_priority_class: BTreeMap<String, DelayStats>,
     /// Why jobs were refused at submit, with counts.
     pub rejected_reasons: BTreeMap<String, u64>,
+    /// How good the start estimates of waiting jobs were (Axle only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_estimates: Option<EstimateReport>,
+}
+
+/// Start estimates against real starts: for every job that waited, the
+/// estimate its pending reason gave when it first waited (from the max
+/// runtimes, else the observed run times of the work in the way).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EstimateReport {
+    /// Jobs that waited before they started.
+    pub waited: u64,
+    /// Of those, jobs that got an estimate.
+    pub estimated: u64,
+    /// Estimates within ±25 % of the real wait.
+    pub within_25pct: u64,
+    pub fraction_within_25pct: f64,
 }

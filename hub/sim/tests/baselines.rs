@@ -94,6 +94,18 @@ fn compare(name: &str, trace: &str, format: TraceFormat, policy: Policy, inv: In
         fixed.idle_while_waiting_gpu_hours
     );
     assert_eq!(axle.guarantee_violations, 0, "{name}: guarantees broken");
+    let e = axle
+        .start_estimates
+        .as_ref()
+        .expect("Axle checks its estimates");
+    println!(
+        "{name} start estimates: {} of {} waiting jobs estimated, {} ({:.1} %) within ±25 % of the real start",
+        e.estimated,
+        e.waited,
+        e.within_25pct,
+        100.0 * e.fraction_within_25pct
+    );
+    assert!(e.estimated <= e.waited && e.within_25pct <= e.estimated);
 }
 
 #[test]

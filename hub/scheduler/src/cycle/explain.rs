@@ -12,6 +12,9 @@ use super::work::Work;
 use crate::state::GpuFree;
 use crate::types::{CapacityDetail, Holding, PendingReason, WorkloadSpec};
 
+/// Work waiting before a request, per model: milli-GPUs by request size.
+pub(super) type Ahead = Vec<BTreeMap<u64, u64>>;
+
 /// Running workloads an estimated start walks through, soonest end first:
 /// the estimate is one pass over them with a fit check each; 256 covers a
 /// full cluster of notebooks and keeps an explained cycle's cost bounded.
@@ -174,6 +177,10 @@ impl<'s> Work<'s> {
         let borrowing = self.usage[team as usize][slot as usize] + spec.total_gpus() > guaranteed;
         let own_preemptible = self.own_preemptible(team, slot, class);
         let (capacity, estimate) = self.capacity_detail(spec, team, class, choices, !borrowing);
+        let (estimate, estimate_basis) = match estimate {
+            Some((at, basis)) => (Some(at), basis),
+            None => (None, None),
+        };
         PendingReason::NoFreeCapacity {
             need: self.need_text(spec, choices),
             largest_free,
@@ -187,6 +194,7 @@ impl<'s> Work<'s> {
             queue_position: None,
             estimated_start_ms: estimate,
             estimated_wait_ms: estimate.map(|t| t.saturating_sub(self.now_ms)),
+            estimate_basis,
             burst: None,
         }
     }
@@ -201,7 +209,7 @@ impl<'s> Work<'s> {
         class: u16,
         choices: &[ModelChoice],
         reclaim: bool,
-    ) -> (Option<CapacityDetail>, Option<u64>) {
+    ) -> (Option<CapacityDetail>, Option<(u64, Option<String>)>) {
         let single = spec.replicas == 1 && !spec.allow_spread;
         let models: Vec<u16> = choices.iter().map(|c| c.model).collect();
         let clusters: Vec<u32> = (0..self.s.clusters.len() as u32)
@@ -215,8 +223,9 @@ impl<'s> Work<'s> {
         let mut total = 0u64;
         let mut free = 0u64;
         let mut held: BTreeMap<u32, (Milli, bool)> = BTreeMap::new();
-        // Running work in the way with a known end: (end ms, workload).
-        let mut ending: Vec<(u64, u64)> = Vec::new();
+        // Running work in the way with a known or expected end: (end ms,
+        // workload, what an expected end rests on).
+        let mut ending: Vec<(u64, u64, Option<&str>)> = Vec::new();
         for &c in &clusters {
             for &n in &self.s.clusters[c as usize].nodes {
                 let node = &self.s.nodes[n as usize];
@@ -240,9 +249,19 @@ impl<'s> Work<'s> {
                     let e = held.entry(r.team).or_insert((Milli::ZERO, false));
                     e.0 += Milli(on_node);
                     e.1 |= self.eligible(team, class, reclaim, r).is_some();
-                    if let Some(max_s) = r.spec.max_runtime_s {
-                        let end = r.start_time_ms.saturating_add(max_s.saturating_mul(1000));
-                        ending.push((end.max(self.now_ms), v));
+                    // Its max runtime, else what runs of its kind took (a
+                    // run already past that is expected to end now).
+                    let elapsed_s = self.now_ms.saturating_sub(r.start_time_ms) / 1000;
+                    let run = match (&r.spec.max_runtime_s, &r.spec.expected_runtime) {
+                        (Some(max_s), _) => Some((*max_s, None)),
+                        (None, Some(e)) => {
+                            Some((e.expected_end_s(elapsed_s), Some(e.basis.as_str())))
+                        }
+                        (None, None) => None,
+                    };
+                    if let Some((s, basis)) = run {
+                        let end = r.start_time_ms.saturating_add(s.saturating_mul(1000));
+                        ending.push((end.max(self.now_ms), v, basis));
                     }
                 }
             }
@@ -287,9 +306,13 @@ impl<'s> Work<'s> {
         // until the request fits somewhere.
         ending.sort_unstable();
         ending.dedup_by_key(|e| e.1);
+        // What the estimate rests on, when any end on the way is expected
+        // rather than a max runtime: the first such basis.
+        let mut basis: Option<&str> = None;
         let mut overlay: BTreeMap<u32, GpuFree> = BTreeMap::new();
         let mut estimate = None;
-        'ends: for &(end, v) in ending.iter().take(MAX_ESTIMATE_STEPS) {
+        'ends: for &(end, v, b) in ending.iter().take(MAX_ESTIMATE_STEPS) {
+            basis = basis.or(b);
             let r = &self.s.running[&v];
             for &(g, m) in &r.gpus {
                 *overlay.entry(g).or_insert(self.gpu_free[g as usize]) += m;
@@ -309,12 +332,159 @@ impl<'s> Work<'s> {
                     })
                     .collect();
                 if !nodes.is_empty() && self.fits_in(spec, c.model, cluster, &nodes, &overlay) {
-                    estimate = Some(end);
+                    estimate = Some((end, basis.map(str::to_string)));
                     break 'ends;
                 }
             }
         }
         (Some(detail), estimate)
+    }
+
+    /// Per model: running work with a max runtime or an expected end, as
+    /// (end ms, milli-GPUs freed by then in all, the basis of the first
+    /// expected end so far), soonest first. Built once per cycle.
+    fn freeing(&self) -> &[Vec<(u64, u64, Option<String>)>] {
+        self.freeing.get_or_init(|| {
+            let mut per: Vec<Vec<(u64, u64, Option<&str>)>> =
+                vec![Vec::new(); self.s.cat.models.len()];
+            for r in self.s.running.values() {
+                let elapsed_s = self.now_ms.saturating_sub(r.start_time_ms) / 1000;
+                let (s, basis) = match (&r.spec.max_runtime_s, &r.spec.expected_runtime) {
+                    (Some(max_s), _) => (*max_s, None),
+                    (None, Some(e)) => (e.expected_end_s(elapsed_s), Some(e.basis.as_str())),
+                    (None, None) => continue,
+                };
+                let end = r
+                    .start_time_ms
+                    .saturating_add(s.saturating_mul(1000))
+                    .max(self.now_ms);
+                for &(g, m) in &r.gpus {
+                    let model = self.s.nodes[self.s.gpu_node[g as usize] as usize].model;
+                    per[model as usize].push((end, u64::from(m), basis));
+                }
+            }
+            per.into_iter()
+                .map(|mut v| {
+                    v.sort_unstable_by_key(|e| e.0);
+                    let mut cum = 0u64;
+                    let mut first: Option<String> = None;
+                    v.into_iter()
+                        .map(|(end, m, b)| {
+                            cum += m;
+                            if first.is_none() {
+                                first = b.map(str::to_string);
+                            }
+                            (end, cum, first.clone())
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+    }
+
+    /// The earliest time enough GPUs of one of `models` free up for `need`
+    /// milli-GPUs after the work waiting before it that is no larger has
+    /// taken its share (larger work ahead does not fit first and does not
+    /// hold it up: whatever fits is placed in line order), counting GPUs
+    /// freed in all (fluid: fragmentation aside). `None`: not before every
+    /// known end.
+    pub(super) fn fluid_start(
+        &self,
+        models: &[u16],
+        need: u64,
+        ahead: &Ahead,
+    ) -> Option<(u64, Option<String>)> {
+        let free_now = |m: u16| -> u64 {
+            self.s
+                .nodes
+                .iter()
+                .filter(|n| n.model == m && self.s.clusters[n.cluster as usize].schedulable)
+                .flat_map(|n| n.first_gpu..n.first_gpu + n.gpu_count)
+                .map(|g| u64::from(self.gpu_free[g as usize]))
+                .sum()
+        };
+        models
+            .iter()
+            .filter_map(|&m| {
+                let before: u64 = ahead
+                    .get(m as usize)
+                    .map_or(0, |by_size| by_size.range(..=need).map(|(_, t)| t).sum());
+                let want = (before + need).saturating_sub(free_now(m));
+                if want == 0 {
+                    return Some((self.now_ms, None));
+                }
+                let list = &self.freeing()[m as usize];
+                let i = list.partition_point(|e| e.1 < want);
+                // More waits ahead than all running work frees: no later
+                // bound is known (extrapolating the turnover of what runs
+                // now overestimated Philly's waits a hundredfold).
+                list.get(i).map(|e| (e.0, e.2.clone()))
+            })
+            .min_by_key(|e| e.0)
+    }
+
+    /// Counts `spec` as waiting before whatever is estimated next.
+    pub(super) fn add_ahead(&self, ahead: &mut Ahead, spec: &WorkloadSpec) {
+        let need = spec.total_gpus().0;
+        for m in self.models_of(spec) {
+            *ahead[m as usize].entry(need).or_default() += need;
+        }
+    }
+
+    /// The models a request may use, as indices.
+    pub(super) fn models_of(&self, spec: &WorkloadSpec) -> Vec<u16> {
+        match &spec.gpu_model {
+            Some(m) => self.s.cat.model_index.get(m).copied().into_iter().collect(),
+            None => (0..self.s.cat.models.len() as u16).collect(),
+        }
+    }
+
+    /// Pushes the estimate in `reason` back to when the work waiting
+    /// before it (`ahead`, milli per model) has had its share of what
+    /// frees, and says what it rests on.
+    pub(super) fn queue_aware_estimate(
+        &self,
+        spec: &WorkloadSpec,
+        ahead: &Ahead,
+        reason: &mut PendingReason,
+    ) {
+        let PendingReason::NoFreeCapacity {
+            estimated_start_ms: Some(at),
+            estimated_wait_ms,
+            estimate_basis,
+            ..
+        } = reason
+        else {
+            return;
+        };
+        let models = self.models_of(spec);
+        match self.fluid_start(&models, spec.total_gpus().0, ahead) {
+            Some((fluid, basis)) => {
+                if fluid > *at {
+                    *at = fluid;
+                    *estimated_wait_ms = Some(fluid.saturating_sub(self.now_ms));
+                }
+                if estimate_basis.is_none() {
+                    *estimate_basis = basis;
+                }
+            }
+            // More waits before it than the running work with known ends
+            // frees: any time given would be a guess.
+            None => {
+                let PendingReason::NoFreeCapacity {
+                    estimated_start_ms,
+                    estimated_wait_ms,
+                    estimate_basis,
+                    ..
+                } = reason
+                else {
+                    return;
+                };
+                *estimated_start_ms = None;
+                *estimated_wait_ms = None;
+                *estimate_basis = None;
+            }
+        }
     }
 
     pub(super) fn where_node(&self, node: u32) -> String {
@@ -380,6 +550,54 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("may borrow only idle GPUs"), "{text}");
+    }
+
+    #[test]
+    fn without_a_max_runtime_the_estimate_uses_earlier_runs_of_its_kind() {
+        // Observed: "no estimate" whenever the work in the way named no
+        // --max-runtime, though earlier runs of its kind said how long it takes.
+        let p = policy(
+            &[
+                ("vision", &[("A100", 1.0, 4.0)]),
+                ("recsys", &[("A100", 2.0, 4.0)]),
+            ],
+            BorrowedOnly,
+        );
+        let mut s = State::new(p, &inventory(&[("A100", 4)]));
+        let mut nb = req(1, "vision", "development", 1.0);
+        nb.expected_runtime = Some(crate::RuntimeEstimate {
+            seconds: 2400,
+            basis: "212 earlier runs of `nb-*`".into(),
+            deciles: Vec::new(),
+        });
+        run(&mut s, nb, 0, &[0], 0);
+        let w = Work::new(&s, true, 600_000);
+        let training = s.cat.class_index["training"];
+        let spec = req(2, "recsys", "training", 4.0);
+        let choices = w.allowed_models(&spec, 1, training).unwrap();
+        let r = w.explain_capacity(&spec, 1, training, &choices);
+        let PendingReason::NoFreeCapacity {
+            estimated_wait_ms,
+            estimate_basis,
+            ..
+        } = &r
+        else {
+            panic!("{r:?}");
+        };
+        assert_eq!(
+            *estimated_wait_ms,
+            Some(1_800_000),
+            "40 min less the 10 it ran"
+        );
+        assert_eq!(
+            estimate_basis.as_deref(),
+            Some("212 earlier runs of `nb-*`")
+        );
+        let text = r.to_string();
+        assert!(
+            text.contains("estimated start in about 30 min, from 212 earlier runs of `nb-*`"),
+            "{text}"
+        );
     }
 
     #[test]

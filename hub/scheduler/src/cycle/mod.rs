@@ -12,6 +12,7 @@
 //! Shares are recomputed after every placement, so a cycle interleaves teams
 //! the way a fair-share queue does.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -81,6 +82,41 @@ impl Default for CycleOptions {
 /// One team's queue within a priority level.
 type LevelQueue<'a> = (&'a QueueKey, &'a BTreeSet<(u64, WorkloadId)>);
 
+/// The estimated start of pending workload `id` at `now_ms`, and what it
+/// rests on when some work in the way has no max runtime: the estimate its
+/// pending reason would carry, for one workload (the simulator checks
+/// estimates against what happened without explaining every cycle).
+pub fn estimate_start(state: &State, id: WorkloadId, now_ms: u64) -> Option<(u64, Option<String>)> {
+    let rec = state.pending.get(&id)?;
+    let w = Work::new(state, true, now_ms);
+    let choices = w.allowed_models(&rec.spec, rec.team, rec.class).ok()?;
+    // The work a cycle serves before it: higher priority, or the same
+    // priority and ahead in fair-share order (teams below their guarantee,
+    // then the lowest share, then submit time), as the cycle orders them.
+    let value = |c: u16| state.cat.classes[c as usize].value;
+    let key = |p: &crate::state::PendingRec, id: WorkloadId| {
+        let k = w.team_key(p.team, &p.spec, p.spec.submit_time_ms, id, 0);
+        (Reverse(value(p.class)), k)
+    };
+    let mine = key(rec, id);
+    let mut ahead: explain::Ahead = vec![BTreeMap::new(); state.cat.models.len()];
+    for (&other, p) in &state.pending {
+        if key(p, other) < mine {
+            w.add_ahead(&mut ahead, &p.spec);
+        }
+    }
+    let mut reason = w.explain_capacity(&rec.spec, rec.team, rec.class, &choices);
+    w.queue_aware_estimate(&rec.spec, &ahead, &mut reason);
+    match reason {
+        PendingReason::NoFreeCapacity {
+            estimated_start_ms: Some(at),
+            estimate_basis,
+            ..
+        } => Some((at, estimate_basis)),
+        _ => None,
+    }
+}
+
 /// Runs one cycle over `state` at time `now_ms`.
 pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
     let mut w = Work::new(state, opts.explain, now_ms);
@@ -90,6 +126,9 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
     // Requests of each shape (at each priority) left waiting so far, in the
     // order served: a waiting request's place in line.
     let mut in_line: BTreeMap<ShapeKey<'_>, u32> = BTreeMap::new();
+    // Milli-GPUs per model of the work left waiting so far this cycle: what
+    // a later workload's start estimate must wait behind.
+    let mut ahead: explain::Ahead = vec![BTreeMap::new(); state.cat.models.len()];
 
     // Group queues into levels of equal (priority value, class).
     let mut levels: Vec<(u16, Vec<LevelQueue<'_>>)> = Vec::new();
@@ -163,6 +202,8 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                     if let PendingReason::NoFreeCapacity { queue_position, .. } = &mut reason {
                         *queue_position = Some(*n);
                     }
+                    w.queue_aware_estimate(spec, &ahead, &mut reason);
+                    w.add_ahead(&mut ahead, spec);
                 }
                 let judged = if reason == PendingReason::NotEvaluated {
                     w.unexplained_burst_reason(spec, team, class)

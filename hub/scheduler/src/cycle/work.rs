@@ -9,6 +9,10 @@ use axle_policy::Milli;
 use crate::state::{FULL_GPU, GpuFree, State};
 use crate::types::{Allocation, Decisions, Placement, Shard, WorkloadId, WorkloadSpec};
 
+/// Per model: (end ms, milli-GPUs freed by then in all, what the first
+/// expected end so far rests on), soonest first.
+pub(super) type Freeing = Vec<Vec<(u64, u64, Option<String>)>>;
+
 /// A candidate plan: global GPU index and milli per shard, per replica.
 pub(super) type Plan = Vec<Vec<(u32, GpuFree)>>;
 
@@ -39,6 +43,9 @@ pub(super) struct Work<'s> {
     pub(super) explain: bool,
     /// The cycle's clock, for the work a preemption would lose.
     pub(super) now_ms: u64,
+    /// What running work frees and when, for queue-aware start estimates
+    /// (built on first use).
+    pub(super) freeing: std::cell::OnceCell<Freeing>,
 }
 
 impl<'s> Work<'s> {
@@ -59,6 +66,7 @@ impl<'s> Work<'s> {
             lowest_class_value: s.cat.classes.iter().map(|c| c.value).min().unwrap_or(0),
             explain,
             now_ms,
+            freeing: std::cell::OnceCell::new(),
             borrowers_exist: s.cat.teams.iter().enumerate().any(|(t, info)| {
                 info.slots
                     .iter()

@@ -249,6 +249,7 @@ pub fn wl(id: WorkloadId, team: &str, class: &str) -> WorkloadSpec {
         checkpoint_interval_s: None,
         max_runtime_s: None,
         has_image: false,
+        expected_runtime: None,
         submit_time_ms: 0,
     }
 }

@@ -164,6 +164,10 @@ pub struct Inner {
     /// `bursts` as readers see it, rebuilt when a burst record changed.
     burst_snapshot: Arc<Vec<crate::burst::record::BurstRecord>>,
     burst_snapshot_stale: bool,
+    /// Run times of finished workloads by kind (bounded histograms), for
+    /// the start estimates of work waiting behind running work without a
+    /// max runtime. Rebuilt from the retained finished workloads at start.
+    runtimes: axle_scheduler::RuntimeStats,
 }
 
 pub struct Hub {

@@ -119,6 +119,12 @@ impl Inner {
                     w.finished_at_ms = Some(now);
                     w.exit_code = Some(s.exit_code);
                     w.stopping = None;
+                    if ok {
+                        let (team, class, name) =
+                            (w.team.clone(), w.priority.clone(), w.name.clone());
+                        let ran_s = w.run_ms / 1000;
+                        self.runtimes.record(&team, &class, &name, ran_s);
+                    }
                     self.state.remove(id);
                     self.save(fx, id);
                     self.event(
@@ -201,7 +207,7 @@ impl Inner {
             && w.state == WState::Pending
         {
             // Back in the queue with its original submit time.
-            if let Err(e) = self.state.submit(spec_of(w)) {
+            if let Err(e) = self.state.submit(spec_of(w, &self.runtimes)) {
                 warn!("workload {id} cannot re-queue: {e}");
             }
         }

@@ -114,7 +114,15 @@ pub(super) async fn load(
             .values()
             .map(crate::burst::record::BurstRecord::reservation),
     );
+    // Run times of what finished and is still retained (a week by default).
+    let mut runtimes = axle_scheduler::RuntimeStats::new();
+    for w in workloads.values() {
+        if w.state == crate::lifecycle::WState::Succeeded {
+            runtimes.record(&w.team, &w.priority, &w.name, w.run_ms / 1000);
+        }
+    }
     Ok(Inner {
+        runtimes,
         bursts,
         ledger,
         burst_rt: super::burst::BurstRuntime::default(),

@@ -18,8 +18,15 @@ use super::workloads::transition;
 use crate::lifecycle::{WEvent, WState};
 use crate::records::*;
 
-pub(super) fn spec_of(w: &WorkloadRecord) -> WorkloadSpec {
+/// The scheduler's view of a workload; `runtimes` gives the run time it is
+/// expected to take when it names no max runtime.
+pub(super) fn spec_of(w: &WorkloadRecord, runtimes: &axle_scheduler::RuntimeStats) -> WorkloadSpec {
     WorkloadSpec {
+        expected_runtime: w
+            .max_runtime_s
+            .is_none()
+            .then(|| runtimes.estimate(&w.team, &w.priority, &w.name))
+            .flatten(),
         id: w.id,
         team: w.team.clone(),
         priority_class: w.priority.clone(),
@@ -200,7 +207,7 @@ impl Inner {
                 let started = w.started_at_ms.unwrap_or(w.submitted_at_ms);
                 let res = match alloc {
                     Some(a) => state
-                        .start(Arc::new(spec_of(w)), a, started)
+                        .start(Arc::new(spec_of(w, &self.runtimes)), a, started)
                         .map_err(|e| e.to_string()),
                     None => Err("its placement no longer exists".to_string()),
                 };
@@ -216,11 +223,11 @@ impl Inner {
                     warn!("workload {id}: cannot restore placement: {e}; re-queueing");
                     transition(w, WEvent::Requeue, now, format!("re-queued: {e}"));
                     w.placement = None;
-                    let _ = state.submit(spec_of(w));
+                    let _ = state.submit(spec_of(w, &self.runtimes));
                     self.save(fx, id);
                 }
             } else if w.state == WState::Pending
-                && let Err(e) = state.submit(spec_of(w))
+                && let Err(e) = state.submit(spec_of(w, &self.runtimes))
             {
                 let w = self.workloads.get_mut(&id).expect("listed id");
                 let msg = format!("no longer valid under policy {}: {e}", self.policy.revision);

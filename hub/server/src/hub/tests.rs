@@ -220,10 +220,20 @@ impl Core {
     }
 
     async fn submit_at(&mut self, gpus: f64, priority: Option<&str>, now: u64) -> u64 {
+        self.submit_named(None, gpus, priority, now).await
+    }
+
+    async fn submit_named(
+        &mut self,
+        name: Option<&str>,
+        gpus: f64,
+        priority: Option<&str>,
+        now: u64,
+    ) -> u64 {
         let (reply, _answer) = oneshot::channel();
         let req = SubmitRequest {
             team: "vision".into(),
-            name: None,
+            name: name.map(str::to_string),
             command: vec!["true".into()],
             gpus,
             gpu_model: None,
@@ -845,4 +855,33 @@ async fn an_on_prem_spokes_interruption_notice_changes_nothing() {
     assert_eq!(core.state(id), WState::Running);
     assert!(stops(&fx).is_empty(), "{:?}", kinds(&fx));
     assert_eq!(core.spoke(), "Ready");
+}
+
+#[tokio::test]
+async fn finished_runs_give_the_next_run_of_their_kind_an_expected_runtime() {
+    // Observed: ETA was always "no estimate" unless --max-runtime was set.
+    let mut core = Core::new().await;
+    let _rx = core.register(1, T0).await;
+    let mut t = T0;
+    for i in 1..=3 {
+        let id = core
+            .submit_named(Some(&format!("sweep-{i}")), 1.0, None, t)
+            .await;
+        core.report(1, id, pb::Phase::Started, t).await;
+        t += 600_000;
+        core.report(1, id, pb::Phase::Succeeded, t).await;
+    }
+    let next = core.submit_named(Some("sweep-4"), 1.0, None, t).await;
+    let spec = super::snapshot::spec_of(&core.inner.workloads[&next], &core.inner.runtimes);
+    let e = spec.expected_runtime.expect("an expected runtime");
+    assert_eq!(e.basis, "3 earlier runs of `sweep-*`");
+    assert!((540..=660).contains(&e.seconds), "{e:?}");
+    // A restarted hub rebuilds the histograms from what it retained.
+    let policy = core.inner.policy.clone();
+    let again = restore::load(core.store.as_ref(), policy, t).await.unwrap();
+    let e = again.runtimes.estimate("vision", "development", "sweep-9");
+    assert_eq!(
+        e.map(|e| e.basis),
+        Some("3 earlier runs of `sweep-*`".into())
+    );
 }

@@ -178,7 +178,7 @@ impl Inner {
             lost_gpu_ms: 0,
             run_ms: 0,
         };
-        let spec = spec_of(&w);
+        let spec = spec_of(&w, &self.runtimes);
         if let Err(e) = self.state.submit(spec) {
             use axle_scheduler::RequestError as R;
             let field = match &e {
