@@ -29,24 +29,43 @@ pub(super) fn maybe_burst(
     reason: &PendingReason,
     now_ms: u64,
     out: &mut Decisions,
-) {
-    if !spec.burst_allowed || !class_allows || !capacity_is_the_blocker(reason) {
-        return;
+) -> Option<String> {
+    if !capacity_is_the_blocker(reason) {
+        return None;
     }
     let info = &state.cat.teams[team as usize];
+    // Why it does not burst, for its pending reason (observed: a reason
+    // never mentioned burst, so a user could not tell "not allowed" from
+    // "not yet" from "budget spent").
+    if !spec.burst_allowed {
+        return Some("not asked for (submit with --burst to let it run on a cloud)".into());
+    }
+    if !class_allows {
+        return Some(format!(
+            "its class {} never bursts (burstAllowed: false)",
+            spec.priority_class
+        ));
+    }
     if info.burst_providers.is_empty() {
-        return;
+        return Some(format!("team {} has no burst provider", info.name));
     }
     let waited_ms = now_ms.saturating_sub(spec.submit_time_ms);
-    if waited_ms < state.cat.policy.settings.burst_wait_threshold_s * 1000 {
-        return;
+    let threshold_s = state.cat.policy.settings.burst_wait_threshold_s;
+    if waited_ms < threshold_s * 1000 {
+        return Some(format!(
+            "wanted once it has waited {threshold_s}s on-prem (burstWaitThresholdSeconds; {}s so far)",
+            waited_ms / 1000
+        ));
     }
     let headroom = match &opts.burst_headroom {
         Some(m) => m.get(&info.name).copied().unwrap_or_default(),
         None => info.burst_budget_per_month,
     };
     if headroom.is_zero() {
-        return;
+        return Some(format!(
+            "team {}'s burst budget for this month is spent",
+            info.name
+        ));
     }
     out.burst_wanted.push(BurstWanted {
         workload: spec.id,
@@ -57,6 +76,7 @@ pub(super) fn maybe_burst(
         providers: info.burst_providers.clone(),
         waited_ms,
     });
+    None
 }
 
 #[cfg(test)]
@@ -182,6 +202,62 @@ mod tests {
         assert!(
             !capacity_is_the_blocker(&at_limit),
             "a cloud GPU counts against the same limit: it would idle"
+        );
+    }
+    #[test]
+    fn a_workload_that_does_not_burst_says_why() {
+        // Observed: a pending reason never mentioned burst.
+        let mut p = (*policy(&[("a", &[("H100", 0.0, 8.0)])], BorrowedOnly)).clone();
+        let s = State::new(std::sync::Arc::new(p.clone()), &inventory(&[("H100", 1)]));
+        let reason = PendingReason::NotEvaluated;
+        let why = |s: &State, spec: &WorkloadSpec, class_allows: bool, now: u64| {
+            let mut out = Decisions::default();
+            maybe_burst(
+                s,
+                &CycleOptions::default(),
+                spec,
+                0,
+                class_allows,
+                &reason,
+                now,
+                &mut out,
+            )
+        };
+        let mut spec = req(1, "a", "training", 1.0);
+        assert!(
+            why(&s, &spec, true, 0)
+                .unwrap()
+                .contains("submit with --burst")
+        );
+        spec.burst_allowed = true;
+        assert!(
+            why(&s, &spec, false, 0)
+                .unwrap()
+                .contains("burstAllowed: false")
+        );
+        assert_eq!(
+            why(&s, &spec, true, 0).as_deref(),
+            Some("team a has no burst provider")
+        );
+        let team = p.teams.get_mut("a").unwrap();
+        team.burst.providers = vec!["aws".into()];
+        let s = State::new(std::sync::Arc::new(p.clone()), &inventory(&[("H100", 1)]));
+        assert!(
+            why(&s, &spec, true, 0)
+                .unwrap()
+                .contains("burstWaitThresholdSeconds")
+        );
+        let late = s.cat.policy.settings.burst_wait_threshold_s * 1000;
+        assert_eq!(
+            why(&s, &spec, true, late).as_deref(),
+            Some("team a's burst budget for this month is spent")
+        );
+        p.teams.get_mut("a").unwrap().burst.monthly_budget = axle_policy::Usd::from_dollars(10);
+        let s = State::new(std::sync::Arc::new(p), &inventory(&[("H100", 1)]));
+        assert_eq!(
+            why(&s, &spec, true, late),
+            None,
+            "wanted: the hub says the rest"
         );
     }
 }

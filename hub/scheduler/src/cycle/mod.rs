@@ -165,7 +165,7 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                 // else in this group can be placed this cycle — on-prem is
                 // full, which is when a burst is wanted.
                 let reason = w.unexplained_burst_reason(spec, team, class);
-                maybe_burst(
+                let _ = maybe_burst(
                     state,
                     opts,
                     spec,
@@ -210,7 +210,7 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                 } else {
                     reason.clone()
                 };
-                maybe_burst(
+                let no_burst = maybe_burst(
                     state,
                     opts,
                     spec,
@@ -220,6 +220,9 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                     now_ms,
                     &mut out,
                 );
+                if let PendingReason::NoFreeCapacity { burst, .. } = &mut reason {
+                    *burst = no_burst;
+                }
                 if opts.explain || reason != PendingReason::NotEvaluated {
                     out.pending.push((id, reason));
                 }

@@ -126,6 +126,7 @@ impl Inner {
             });
             self.reasons.remove(&id);
             self.burst_noted.remove(&id);
+            self.burst_rt.notes.remove(&id);
             let msg = self.assign_msg(id);
             fx.msgs.push((cluster.clone(), msg));
             self.save(fx, id);
@@ -138,7 +139,15 @@ impl Inner {
                 format!("workload {id} {reason}"),
             );
         }
-        for (id, reason) in d.pending {
+        for (id, mut reason) in d.pending {
+            // What the burst controller knows (the instance it waits for,
+            // why a launch was refused) says more than the scheduler's
+            // note and outlives the cycle that replaced the reason.
+            if let (Some(note), axle_scheduler::PendingReason::NoFreeCapacity { burst, .. }) =
+                (self.burst_rt.notes.get(&id), &mut reason)
+            {
+                *burst = Some(note.clone());
+            }
             // Kept when unchanged: readers (the list's page cache) tell
             // an unchanged reason by its pointer.
             if self.reasons.get(&id).is_none_or(|r| **r != reason) {

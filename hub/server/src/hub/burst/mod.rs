@@ -79,7 +79,7 @@ pub struct BurstRuntime {
     orphans: BTreeMap<(String, String), u64>,
     /// What a waiting workload's pending reason says of burst: why it did
     /// not burst, or the instance it waits for.
-    notes: BTreeMap<u64, String>,
+    pub(in crate::hub) notes: BTreeMap<u64, String>,
     last_list_ms: u64,
 }
 
