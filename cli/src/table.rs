@@ -202,33 +202,18 @@ pub fn age(now_ms: u64, at_ms: u64) -> String {
     fmt_age(now_ms.saturating_sub(at_ms))
 }
 
-/// UTC wall time, "2025-03-01 14:05:09.123Z".
+/// UTC wall time, "2025-03-01 14:05:09.123Z" (past jiff's range, the
+/// milliseconds since 1970 as they are).
 pub fn fmt_timestamp(ms: u64) -> String {
-    let days = (ms / 86_400_000) as i64;
-    let rem = ms % 86_400_000;
-    let (y, m, d) = civil_from_days(days);
-    let (h, min, s, milli) = (
-        rem / 3_600_000,
-        (rem / 60_000) % 60,
-        (rem / 1000) % 60,
-        rem % 1000,
-    );
-    format!("{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{s:02}.{milli:03}Z")
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian
-/// (Howard Hinnant's `civil_from_days`).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
+    let Some(t) = i64::try_from(ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+    else {
+        return format!("{ms} ms");
+    };
+    t.to_zoned(jiff::tz::TimeZone::UTC)
+        .strftime("%Y-%m-%d %H:%M:%S%.3fZ")
+        .to_string()
 }
 
 fn dash(v: Option<&str>) -> String {

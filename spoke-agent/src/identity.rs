@@ -74,11 +74,7 @@ fn now_ms() -> u64 {
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, bytes)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
 }
 
 /// Most bytes of the identity file read: a few certificates and a key.

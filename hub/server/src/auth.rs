@@ -111,7 +111,7 @@ impl Identity {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
 /// The digest the hub keeps of a token's secret.

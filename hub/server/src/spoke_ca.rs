@@ -131,7 +131,7 @@ impl std::fmt::Debug for SpokeCa {
 }
 
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
 /// Hex SHA-256 of `bytes`.

@@ -105,22 +105,11 @@ pub(crate) struct ListOptions {
 }
 
 fn encode_continue(rv: u64, key: &Key) -> String {
-    format!("{rv}\u{0}{}\u{0}{}", key.1, key.2)
-        .bytes()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(format!("{rv}\u{0}{}\u{0}{}", key.1, key.2))
 }
 
 fn decode_continue(token: &str) -> Option<(u64, String, String)> {
-    let bytes: Option<Vec<u8>> = (0..token.len())
-        .step_by(2)
-        .map(|i| {
-            token
-                .get(i..i + 2)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        })
-        .collect();
-    let text = String::from_utf8(bytes?).ok()?;
+    let text = String::from_utf8(hex::decode(token).ok()?).ok()?;
     let mut parts = text.split('\u{0}');
     Some((
         parts.next()?.parse().ok()?,

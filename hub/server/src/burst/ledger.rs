@@ -24,18 +24,15 @@ pub struct Month {
 impl Month {
     /// The month `ms` (since 1970, UTC) falls in.
     pub fn of_ms(ms: u64) -> Month {
-        // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-        let z = (ms / 86_400_000) as i64 + 719_468;
-        let era = z.div_euclid(146_097);
-        let doe = z.rem_euclid(146_097);
-        let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let month = if mp < 10 { mp + 3 } else { mp - 9 };
-        let year = yoe + era * 400 + i64::from(month <= 2);
+        // Past jiff's range (year 9999), the last month it knows.
+        let t = i64::try_from(ms)
+            .ok()
+            .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+            .unwrap_or(jiff::Timestamp::MAX);
+        let d = t.to_zoned(jiff::tz::TimeZone::UTC).date();
         Month {
-            year: year as i32,
-            month: month as u8,
+            year: i32::from(d.year()),
+            month: d.month() as u8,
         }
     }
 }
