@@ -54,31 +54,55 @@ pub(crate) fn chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// Exponential backoff: [`INITIAL_BACKOFF`], doubling, capped at [`MAX_BACKOFF`].
+/// Jittered exponential backoff (backon): [`INITIAL_BACKOFF`], doubling,
+/// capped at [`MAX_BACKOFF`], each delay plus up to as much again at
+/// random — so spokes that lost the same hub do not all redial it in the
+/// same instant.
 #[derive(Debug)]
 pub struct Backoff {
-    next: Duration,
+    inner: backon::ExponentialBackoff,
+}
+
+fn jittered(min: Duration, max: Duration) -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder as _;
+    backon::ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(min)
+        .with_max_delay(max)
+        .without_max_times()
+        .build()
 }
 
 impl Default for Backoff {
     fn default() -> Self {
         Backoff {
-            next: INITIAL_BACKOFF,
+            inner: jittered(INITIAL_BACKOFF, MAX_BACKOFF),
         }
     }
 }
 
 impl Backoff {
     pub fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(MAX_BACKOFF);
-        delay
+        self.inner.next().unwrap_or(MAX_BACKOFF)
     }
 
     pub fn reset(&mut self) {
-        self.next = INITIAL_BACKOFF;
+        *self = Backoff::default();
     }
 }
+
+/// How long to wait before dialing the leader a follower named: soon, but
+/// spread over [`LEADER_REDIAL_SPREAD`] so that every spoke of a fleet
+/// does not reach a new leader at once (they once redialed in lockstep).
+fn leader_redial_delay() -> Duration {
+    jittered(LEADER_REDIAL_SPREAD / 2, LEADER_REDIAL_SPREAD)
+        .next()
+        .unwrap_or(LEADER_REDIAL_SPREAD)
+}
+
+/// The spread of leader redials (see [`leader_redial_delay`]): a second
+/// spreads thousands of spokes thinly, and is well inside a failover.
+pub const LEADER_REDIAL_SPREAD: Duration = Duration::from_secs(1);
 
 /// TLS to the hub trusting the CA certificate(s) in `ca_pem` (`--ca-file`).
 pub fn client_tls(ca_pem: Option<&[u8]>) -> Option<ClientTlsConfig> {
@@ -250,8 +274,8 @@ pub async fn dial_loop(hub_urls: String, source: TlsSource, inputs: mpsc::Sender
             }
         }
         if hint.is_some() {
-            // A follower named the leader: go there now, not after a backoff.
-            tokio::time::sleep(INITIAL_BACKOFF).await;
+            // A follower named the leader: go there soon, not after a backoff.
+            tokio::time::sleep(leader_redial_delay()).await;
         } else {
             tokio::time::sleep(backoff.next_delay()).await;
         }
@@ -263,12 +287,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_to_the_cap_and_resets() {
+    fn backoff_doubles_to_the_cap_with_jitter_and_resets() {
+        let base = [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000];
         let mut b = Backoff::default();
-        let delays: Vec<u64> = (0..9).map(|_| b.next_delay().as_millis() as u64).collect();
-        assert_eq!(delays, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+        let delays: Vec<u128> = (0..9).map(|_| b.next_delay().as_millis()).collect();
+        for (d, lo) in delays.iter().zip(base) {
+            assert!((lo..2 * lo).contains(d), "{delays:?}");
+        }
+        // Two spokes do not wait alike (jitter), almost surely.
+        let other: Vec<u128> = {
+            let mut c = Backoff::default();
+            (0..9).map(|_| c.next_delay().as_millis()).collect()
+        };
+        assert_ne!(delays, other, "no jitter");
         b.reset();
-        assert_eq!(b.next_delay(), INITIAL_BACKOFF);
+        assert!(b.next_delay() < INITIAL_BACKOFF * 2);
+        let d = leader_redial_delay();
+        assert!(
+            d >= LEADER_REDIAL_SPREAD / 2 && d < LEADER_REDIAL_SPREAD * 2,
+            "{d:?}"
+        );
     }
 
     #[test]
