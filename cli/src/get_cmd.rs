@@ -556,7 +556,13 @@ async fn watch_table(
             if reprint && !a.no_headers {
                 println!("{}", table::render_line(&headers, w));
             }
-            for row in rows {
+            let cols = (a.output != ListFormat::Wide)
+                .then(terminal_columns)
+                .flatten();
+            for mut row in rows {
+                if let Some(cols) = cols {
+                    table::fit_line(&mut row, w, cols);
+                }
                 println!("{}", table::render_line(&row, w));
             }
         }

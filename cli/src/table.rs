@@ -152,6 +152,23 @@ pub fn fit_last_column(headers: &[&str], rows: &mut [Row], max_line: usize) {
     }
 }
 
+/// Cuts the last cell of one line so that, laid out on `widths` (every
+/// column before it counted, a watch's TIME included), it fits `max_line`;
+/// never below [`MIN_LAST_COLUMN_CHARS`]. Observed: `get workloads -w`
+/// printed rows wider than the terminal, its TIME column not counted.
+pub fn fit_line(cells: &mut [String], widths: &[usize], max_line: usize) {
+    let Some((last, before)) = cells.split_last_mut() else {
+        return;
+    };
+    let used: usize = (0..before.len())
+        .map(|i| widths.get(i).copied().unwrap_or(0) + COLUMN_GAP)
+        .sum();
+    let room = max_line.saturating_sub(used).max(MIN_LAST_COLUMN_CHARS);
+    if width(last) > room {
+        *last = truncate(last, room);
+    }
+}
+
 /// Cuts `s` to at most `max_chars` characters, ending in '…' when cut.
 pub fn truncate(s: &str, max_chars: usize) -> String {
     if width(s) <= max_chars {
@@ -757,5 +774,17 @@ pub(crate) mod tests {
             stable_cells(&earlier, WORKLOAD_VOLATILE),
             stable_cells(&workload_row(&done, NOW_MS), WORKLOAD_VOLATILE)
         );
+    }
+
+    #[test]
+    fn a_watch_line_fits_the_terminal_with_its_time_column() {
+        let widths = [8, 3, 7, 6];
+        let mut cells: Vec<String> = ["12:00:01", "12", "Pending", &"x".repeat(200)]
+            .map(String::from)
+            .to_vec();
+        fit_line(&mut cells, &widths, 80);
+        let line = render_line(&cells, &widths);
+        assert_eq!(line.chars().count(), 80, "{line}");
+        assert!(line.ends_with('…'));
     }
 }
