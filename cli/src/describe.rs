@@ -225,6 +225,13 @@ mod tests {
             fmt_replica(&w.replicas[1]),
             "node-b: GPU 2 (0.5), GPU 3 (0.5)"
         );
+        // A fraction on a fractional unit names the unit.
+        let mut r = w.replicas[1].clone();
+        r.node = "mig-b".into();
+        r.gpus.truncate(1);
+        r.gpus[0].fraction = 0.25;
+        r.gpus[0].unit = Some("MIG 2g.20gb #1".into());
+        assert_eq!(fmt_replica(&r), "mig-b: MIG 2g.20gb #1 (0.25)");
     }
 
     #[test]
