@@ -9,7 +9,7 @@ use axle_policy::{MILLI_PER_GPU, Milli};
 
 use super::quota::ModelChoice;
 use super::work::Work;
-use crate::state::GpuFree;
+use crate::state::{GpuFree, RunningWorkload};
 use crate::types::{CapacityDetail, Holding, PendingReason, WorkloadSpec};
 
 /// Work waiting before a request, per model: milli-GPUs by request size.
@@ -249,19 +249,8 @@ impl<'s> Work<'s> {
                     let e = held.entry(r.team).or_insert((Milli::ZERO, false));
                     e.0 += Milli(on_node);
                     e.1 |= self.eligible(team, class, reclaim, r).is_some();
-                    // Its max runtime, else what runs of its kind took (a
-                    // run already past that is expected to end now).
-                    let elapsed_s = self.now_ms.saturating_sub(r.start_time_ms) / 1000;
-                    let run = match (&r.spec.max_runtime_s, &r.spec.expected_runtime) {
-                        (Some(max_s), _) => Some((*max_s, None)),
-                        (None, Some(e)) => {
-                            Some((e.expected_end_s(elapsed_s), Some(e.basis.as_str())))
-                        }
-                        (None, None) => None,
-                    };
-                    if let Some((s, basis)) = run {
-                        let end = r.start_time_ms.saturating_add(s.saturating_mul(1000));
-                        ending.push((end.max(self.now_ms), v, basis));
+                    if let Some((end, basis)) = self.expected_end(r) {
+                        ending.push((end, v, basis));
                     }
                 }
             }
@@ -340,6 +329,21 @@ impl<'s> Work<'s> {
         (Some(detail), estimate)
     }
 
+    /// When running work `r` ends, at the earliest now: at its max runtime,
+    /// else when runs of its kind end (its `expected_runtime`: the median,
+    /// or of the runs that lasted as long as it has), with what that rests
+    /// on; `None` when nothing is known.
+    fn expected_end<'r>(&self, r: &'r RunningWorkload) -> Option<(u64, Option<&'r str>)> {
+        let elapsed_s = self.now_ms.saturating_sub(r.start_time_ms) / 1000;
+        let (s, basis) = match (&r.spec.max_runtime_s, &r.spec.expected_runtime) {
+            (Some(max_s), _) => (*max_s, None),
+            (None, Some(e)) => (e.expected_end_s(elapsed_s), Some(e.basis.as_str())),
+            (None, None) => return None,
+        };
+        let end = r.start_time_ms.saturating_add(s.saturating_mul(1000));
+        Some((end.max(self.now_ms), basis))
+    }
+
     /// Per model: running work with a max runtime or an expected end, as
     /// (end ms, milli-GPUs freed by then in all, the basis of the first
     /// expected end so far), soonest first. Built once per cycle.
@@ -348,16 +352,9 @@ impl<'s> Work<'s> {
             let mut per: Vec<Vec<(u64, u64, Option<&str>)>> =
                 vec![Vec::new(); self.s.cat.models.len()];
             for r in self.s.running.values() {
-                let elapsed_s = self.now_ms.saturating_sub(r.start_time_ms) / 1000;
-                let (s, basis) = match (&r.spec.max_runtime_s, &r.spec.expected_runtime) {
-                    (Some(max_s), _) => (*max_s, None),
-                    (None, Some(e)) => (e.expected_end_s(elapsed_s), Some(e.basis.as_str())),
-                    (None, None) => continue,
+                let Some((end, basis)) = self.expected_end(r) else {
+                    continue;
                 };
-                let end = r
-                    .start_time_ms
-                    .saturating_add(s.saturating_mul(1000))
-                    .max(self.now_ms);
                 for &(g, m) in &r.gpus {
                     let model = self.s.nodes[self.s.gpu_node[g as usize] as usize].model;
                     per[model as usize].push((end, u64::from(m), basis));
@@ -394,22 +391,13 @@ impl<'s> Work<'s> {
         need: u64,
         ahead: &Ahead,
     ) -> Option<(u64, Option<String>)> {
-        let free_now = |m: u16| -> u64 {
-            self.s
-                .nodes
-                .iter()
-                .filter(|n| n.model == m && self.s.clusters[n.cluster as usize].schedulable)
-                .flat_map(|n| n.first_gpu..n.first_gpu + n.gpu_count)
-                .map(|g| u64::from(self.gpu_free[g as usize]))
-                .sum()
-        };
         models
             .iter()
             .filter_map(|&m| {
                 let before: u64 = ahead
                     .get(m as usize)
                     .map_or(0, |by_size| by_size.range(..=need).map(|(_, t)| t).sum());
-                let want = (before + need).saturating_sub(free_now(m));
+                let want = (before + need).saturating_sub(self.model_free[m as usize]);
                 if want == 0 {
                     return Some((self.now_ms, None));
                 }
@@ -449,7 +437,7 @@ impl<'s> Work<'s> {
         reason: &mut PendingReason,
     ) {
         let PendingReason::NoFreeCapacity {
-            estimated_start_ms: Some(at),
+            estimated_start_ms,
             estimated_wait_ms,
             estimate_basis,
             ..
@@ -457,11 +445,14 @@ impl<'s> Work<'s> {
         else {
             return;
         };
+        let Some(at) = *estimated_start_ms else {
+            return;
+        };
         let models = self.models_of(spec);
         match self.fluid_start(&models, spec.total_gpus().0, ahead) {
             Some((fluid, basis)) => {
-                if fluid > *at {
-                    *at = fluid;
+                if fluid > at {
+                    *estimated_start_ms = Some(fluid);
                     *estimated_wait_ms = Some(fluid.saturating_sub(self.now_ms));
                 }
                 if estimate_basis.is_none() {
@@ -471,15 +462,6 @@ impl<'s> Work<'s> {
             // More waits before it than the running work with known ends
             // frees: any time given would be a guess.
             None => {
-                let PendingReason::NoFreeCapacity {
-                    estimated_start_ms,
-                    estimated_wait_ms,
-                    estimate_basis,
-                    ..
-                } = reason
-                else {
-                    return;
-                };
                 *estimated_start_ms = None;
                 *estimated_wait_ms = None;
                 *estimate_basis = None;

@@ -33,6 +33,9 @@ pub(super) struct Work<'s> {
     /// [cluster][model] fully free GPUs (that may take whole requests).
     pub(super) cluster_full: Vec<Vec<u32>>,
     pub(super) global_free: u64,
+    /// Per model: free milli-GPUs on schedulable nodes (`global_free` by
+    /// model), for start estimates.
+    pub(super) model_free: Vec<u64>,
     pub(super) usage: Vec<Vec<Milli>>,
     /// Usage of never-preempted classes (see `State::usage_fixed`).
     pub(super) usage_fixed: Vec<Vec<Milli>>,
@@ -60,6 +63,7 @@ impl<'s> Work<'s> {
             units: vec![BTreeSet::new(); models],
             cluster_full: vec![vec![0; models]; s.clusters.len()],
             global_free: 0,
+            model_free: vec![0; models],
             usage: s.usage.clone(),
             usage_fixed: s.usage_fixed.clone(),
             preempted: BTreeSet::new(),
@@ -94,6 +98,7 @@ impl<'s> Work<'s> {
                 }
                 if sched {
                     w.global_free += u64::from(f);
+                    w.model_free[n.model as usize] += u64::from(f);
                 }
             }
             w.node_full[ni] = full;
@@ -127,6 +132,7 @@ impl<'s> Work<'s> {
             return;
         }
         self.global_free = self.global_free + u64::from(new_free) - u64::from(old);
+        self.model_free[model] = self.model_free[model] + u64::from(new_free) - u64::from(old);
         let cap = self.s.gpu_cap[g as usize];
         if self.s.gpu_fit[g as usize] > 0 {
             if old == cap {
@@ -262,6 +268,7 @@ mod tests {
         assert!(w.whole[m].contains(&(2, 0)));
         assert!(w.partial[m].contains(&(500, 1)));
         assert_eq!(w.global_free, 2500);
+        assert_eq!(w.model_free[m], 2500);
         // Evicting workload 1 frees GPU 0 and its team's usage.
         w.evict(1);
         assert_eq!(w.cluster_full[0][m], 3);
