@@ -5,14 +5,12 @@ use std::collections::BTreeMap;
 
 use axle_kube_testserver::KubeTestServer;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{
-    Event, Namespace, Pod, PodSpec, ResourceQuota, ResourceQuotaSpec,
-};
+use k8s_openapi::api::core::v1::{Event, Pod, PodSpec, ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
 
-use crate::support::{api_error, client, container, job, meta};
+use crate::support::{api_error, client, container, create_namespace, job, meta};
 
 fn quota(name: &str, key: &str, value: &str) -> ResourceQuota {
     ResourceQuota {
@@ -46,16 +44,7 @@ async fn quota_refuses_pods_over_the_limit() {
     let cluster = server.state();
     let client = client(&server);
     let pp = PostParams::default();
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &pp,
-            &Namespace {
-                metadata: meta("gpu"),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    create_namespace(&client, "gpu").await;
     let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), "gpu");
     quotas
         .create(&pp, &quota("gpu-quota", "requests.nvidia.com/gpu", "2"))

@@ -8,13 +8,13 @@ use std::collections::BTreeMap;
 
 use axle_kube_testserver::KubeTestServer;
 use k8s_openapi::api::core::v1::{
-    Container, Namespace, Node, NodeCondition, NodeStatus, Pod, PodSpec, ResourceRequirements,
+    Container, Node, NodeCondition, NodeStatus, Pod, PodSpec, ResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 
-use crate::support::{client, labels, meta};
+use crate::support::{client, create_namespace, labels, meta};
 
 fn node(name: &str, allocatable: &[(&str, &str)]) -> Node {
     Node {
@@ -90,16 +90,7 @@ async fn a_pod_its_node_cannot_hold_waits_unschedulable_until_there_is_room() {
         .unwrap();
     let client = client(&server);
     let pp = PostParams::default();
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &pp,
-            &Namespace {
-                metadata: meta("gpu"),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    create_namespace(&client, "gpu").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "gpu");
 
     // Observed on a real cluster, missing here before: a quarter GPU pinned

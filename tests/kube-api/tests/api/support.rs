@@ -23,6 +23,20 @@ pub fn client(server: &KubeTestServer) -> kube::Client {
     kube::Client::try_from(config).expect("kube client")
 }
 
+/// Creates namespace `name` through the API.
+pub async fn create_namespace(client: &kube::Client, name: &str) {
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(
+            &kube::api::PostParams::default(),
+            &k8s_openapi::api::core::v1::Namespace {
+                metadata: meta(name),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create namespace");
+}
+
 pub fn meta(name: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_string()),
