@@ -33,6 +33,21 @@ fn readme() -> String {
     std::fs::read_to_string(root().join("README.md")).expect("README.md")
 }
 
+/// `bash -e -o pipefail -c script` as a README reader runs it: in the
+/// repository root, the binaries the tests built first on `PATH`.
+fn bash(script: &str) -> Command {
+    let path = format!(
+        "{}:{}",
+        bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = Command::new("bash");
+    cmd.args(["-e", "-o", "pipefail", "-c", script])
+        .current_dir(root())
+        .env("PATH", path);
+    cmd
+}
+
 /// A fenced `sh` block: its section heading, and its lines with `\`
 /// continuations joined and comment-only lines (sample output) kept apart.
 #[derive(Debug)]
@@ -185,15 +200,7 @@ impl DevStack {
     /// Runs `script` in `bash -e` as a README reader would: `axle` on PATH,
     /// AXLE_HUB and AXLE_TOKEN exported, in the repository root.
     fn sh(&self, script: &str) -> (i32, String, String) {
-        let path = format!(
-            "{}:{}",
-            bin_dir().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let out = Command::new("bash")
-            .args(["-e", "-o", "pipefail", "-c", script])
-            .current_dir(root())
-            .env("PATH", path)
+        let out = bash(script)
             .env("AXLE_HUB", &self.hub)
             .env("AXLE_TOKEN", &self.token)
             .env("NO_COLOR", "1")
@@ -320,26 +327,13 @@ fn as_built(cmd: &str) -> String {
 #[test]
 fn policy_check_and_the_trace_replays_run_as_written() {
     let md = readme();
-    let stack_less = |script: &str| {
-        let path = format!(
-            "{}:{}",
-            bin_dir().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        Command::new("bash")
-            .args(["-e", "-o", "pipefail", "-c", script])
-            .current_dir(root())
-            .env("PATH", path)
-            .output()
-            .expect("run bash")
-    };
     let mut ran = 0;
     for b in blocks(&md)
         .iter()
         .filter(|b| b.section == "Check a policy repository" || b.section == "Replay a GPU trace")
     {
         let script = as_built(&b.text);
-        let out = stack_less(&script);
+        let out = bash(&script).output().expect("run bash");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),

@@ -165,7 +165,9 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                 // else in this group can be placed this cycle — on-prem is
                 // full, which is when a burst is wanted.
                 let reason = w.unexplained_burst_reason(spec, team, class);
-                let _ = maybe_burst(
+                // Only without explanations (the simulator's fast path): no
+                // pending reason is kept here to carry why it does not burst.
+                let _no_reason_to_note = maybe_burst(
                     state,
                     opts,
                     spec,
