@@ -125,7 +125,7 @@ pub(crate) fn run(s: &mut State) {
         } else if let Some(ns) = s.quota_namespaces_to_sync.pop_first() {
             admission::sync_quotas(s, &ns);
         } else if std::mem::take(&mut s.reschedule) {
-            admission::schedule_unscheduled(s);
+            crate::scheduler::schedule_unscheduled(s);
         } else {
             return;
         }

@@ -32,6 +32,7 @@ mod kinds;
 mod kubelet;
 mod logs;
 mod quantity;
+mod scheduler;
 mod selectors;
 mod store;
 mod watch;
