@@ -1,37 +1,35 @@
-//! A small OpenAPI schema validator for the providers' loopback fakes: every
-//! request an adapter sends (its query parameters and its body) and every
-//! answer a fake gives is checked against the provider's saved spec, so a
-//! drift between the adapter, the fake and the spec fails a test.
+//! OpenAPI checks for the providers' loopback fakes: every request an
+//! adapter sends (its query parameters and its body) and every answer a fake
+//! gives is checked against the provider's saved spec, so a drift between
+//! the adapter, the fake and the spec fails a test.
 //!
 //! Operations are named `method, path` (`"post", "/v2/pods"`; the method in
-//! any case), as the HTTP request line names them.
-//!
-//! Checked: `$ref` (to anywhere in the document, `#/...`, together with the
-//! keywords beside it), `type` (one name, or an OpenAPI 3.1 list like
-//! `["string", "null"]`), OpenAPI 3.0 `nullable`, `enum`, `const` (numbers
-//! compared by value: `1` equals `1.0`), `required`, `properties`,
-//! `additionalProperties` (`false` or a schema), `unevaluatedProperties`
-//! (`false` or a schema, over the properties not named by the schema or by
-//! any subschema that held), `items`, `minItems`/`maxItems`,
-//! `minLength`/`maxLength`, `minimum`/`maximum` and their exclusive forms,
-//! `allOf`, `anyOf` and `oneOf` (valid against at least one choice: generated
-//! specs often have overlapping `oneOf` branches), `not` and
-//! `if`/`then`/`else`. Not checked: `pattern`, `format` and the rarer
-//! keywords (`uniqueItems`, `minProperties`, `dependentRequired`, …); a fake
-//! checks the ones it cares about by hand.
+//! any case), as the HTTP request line names them. This module finds an
+//! operation's request, answer and query schemas; the `jsonschema` crate
+//! validates values against them (JSON Schema 2020-12, which OpenAPI 3.1
+//! schemas are). OpenAPI 3.0 schemas (Lambda's spec) are converted first:
+//! `nullable: true` admits `null`, and boolean `exclusiveMinimum`/
+//! `exclusiveMaximum` become the numeric form. `format` is an annotation
+//! only, as JSON Schema 2020-12 has it by default.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-/// Deepest `$ref` chain or subschema nesting followed: the specs nest a
-/// dozen levels at most, so more means a reference loop.
+/// Deepest `$ref` chain followed when finding an operation's parts: the
+/// specs chain two or three at most, so more means a reference loop.
 const MAX_DEPTH: usize = 64;
 
 /// A loaded OpenAPI document.
 #[derive(Debug, Clone)]
 pub struct Spec {
     doc: Value,
+    /// The document's `components` as JSON Schema 2020-12 (converted from
+    /// OpenAPI 3.0 where the spec is 3.0), which every validated schema
+    /// carries so that its `#/components/...` references resolve.
+    components: Value,
+    /// OpenAPI 3.0 (`nullable`, boolean exclusive bounds).
+    v3_0: bool,
 }
 
 impl Spec {
@@ -49,10 +47,20 @@ impl Spec {
             Err(json) => serde_saphyr::from_str::<Value>(text)
                 .map_err(|yaml| format!("neither JSON ({json}) nor YAML ({yaml})"))?,
         };
-        if doc.get("openapi").is_none() && doc.get("swagger").is_none() {
-            return Err("not an OpenAPI document".into());
+        let version = doc
+            .get("openapi")
+            .and_then(Value::as_str)
+            .ok_or("not an OpenAPI 3 document (no `openapi` version)")?;
+        let v3_0 = version.starts_with("3.0");
+        let mut components = doc.get("components").cloned().unwrap_or(Value::Null);
+        if v3_0 {
+            from_openapi_3_0(&mut components);
         }
-        Ok(Spec { doc })
+        Ok(Spec {
+            doc,
+            components,
+            v3_0,
+        })
     }
 
     /// The whole document.
@@ -175,11 +183,35 @@ impl Spec {
     }
 
     /// Every way `value` breaks `schema` (empty: valid), each as
-    /// `json-path: what`.
+    /// `json-pointer: what` (`/gpu/count: 0 is less than the minimum of 1`).
+    /// `schema` may `$ref` anything under `#/components`.
     pub fn validate(&self, schema: &Value, value: &Value) -> Vec<String> {
-        let mut errors = Vec::new();
-        self.check(schema, value, "$", 0, &mut errors);
-        errors
+        let mut root = schema.clone();
+        if self.v3_0 {
+            from_openapi_3_0(&mut root);
+        }
+        let root = match root {
+            Value::Object(mut map) => {
+                map.insert("components".into(), self.components.clone());
+                Value::Object(map)
+            }
+            // `true` and `false` reference nothing.
+            other => other,
+        };
+        let validator = match jsonschema::options()
+            .with_draft(jsonschema::Draft::Draft202012)
+            .build(&root)
+        {
+            Ok(v) => v,
+            Err(e) => return vec![format!("the schema itself is invalid: {e}")],
+        };
+        validator
+            .iter_errors(value)
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                format!("{}: {e}", if at.is_empty() { "/" } else { &at })
+            })
+            .collect()
     }
 
     /// Every way `body` breaks the schema of `method path`'s request body.
@@ -288,230 +320,6 @@ impl Spec {
         }
         errors
     }
-
-    /// Checks `v` against `schema`, pushing violations; returns the names of
-    /// the object properties this schema evaluated (for
-    /// `unevaluatedProperties`).
-    fn check(
-        &self,
-        schema: &Value,
-        v: &Value,
-        at: &str,
-        depth: usize,
-        errors: &mut Vec<String>,
-    ) -> BTreeSet<String> {
-        let mut evaluated = BTreeSet::new();
-        if depth > MAX_DEPTH {
-            errors.push(format!("{at}: schemas nest deeper than {MAX_DEPTH}"));
-            return evaluated;
-        }
-        // `true`/`{}` accept anything; `false` nothing.
-        match schema {
-            Value::Bool(true) => return evaluated,
-            Value::Bool(false) => {
-                errors.push(format!("{at}: no value is allowed here"));
-                return evaluated;
-            }
-            Value::Object(_) => {}
-            _ => {
-                errors.push(format!("{at}: the schema is not an object"));
-                return evaluated;
-            }
-        }
-        if v.is_null() && schema.get("nullable").and_then(Value::as_bool) == Some(true) {
-            return evaluated;
-        }
-        if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
-            match self.target(r) {
-                Ok(target) => evaluated.extend(self.check(target, v, at, depth + 1, errors)),
-                Err(e) => errors.push(format!("{at}: {e}")),
-            }
-        }
-        if let Some(t) = schema.get("type") {
-            let names: Vec<&str> = match t {
-                Value::String(s) => vec![s.as_str()],
-                Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
-                _ => Vec::new(),
-            };
-            if !names.is_empty() && !names.iter().any(|n| is_type(v, n)) {
-                errors.push(format!(
-                    "{at}: {} is not of type {}",
-                    short(v),
-                    names.join(" or ")
-                ));
-                return evaluated;
-            }
-        }
-        if let Some(options) = schema.get("enum").and_then(Value::as_array)
-            && !options.iter().any(|o| json_eq(o, v))
-        {
-            errors.push(format!(
-                "{at}: {} is not one of {}",
-                short(v),
-                Value::Array(options.clone())
-            ));
-        }
-        if let Some(c) = schema.get("const")
-            && !json_eq(c, v)
-        {
-            errors.push(format!("{at}: {} is not {c}", short(v)));
-        }
-
-        if let Some(subs) = schema.get("allOf").and_then(Value::as_array) {
-            for s in subs {
-                evaluated.extend(self.check(s, v, at, depth + 1, errors));
-            }
-        }
-        for key in ["anyOf", "oneOf"] {
-            if let Some(subs) = schema.get(key).and_then(Value::as_array) {
-                let mut fits = false;
-                let mut why = Vec::new();
-                for s in subs {
-                    let mut e = Vec::new();
-                    let ev = self.check(s, v, at, depth + 1, &mut e);
-                    if e.is_empty() {
-                        fits = true;
-                        evaluated.extend(ev);
-                    } else {
-                        why.push(e.join(", "));
-                    }
-                }
-                if !fits {
-                    errors.push(format!("{at}: fits none of {key}: [{}]", why.join(" | ")));
-                }
-            }
-        }
-        if let Some(not) = schema.get("not") {
-            let mut e = Vec::new();
-            self.check(not, v, at, depth + 1, &mut e);
-            if e.is_empty() {
-                errors.push(format!("{at}: matches a schema it must not ({not})"));
-            }
-        }
-        if let Some(cond) = schema.get("if") {
-            let mut e = Vec::new();
-            let ev = self.check(cond, v, at, depth + 1, &mut e);
-            if e.is_empty() {
-                evaluated.extend(ev);
-                if let Some(then) = schema.get("then") {
-                    evaluated.extend(self.check(then, v, at, depth + 1, errors));
-                }
-            } else if let Some(otherwise) = schema.get("else") {
-                evaluated.extend(self.check(otherwise, v, at, depth + 1, errors));
-            }
-        }
-
-        match v {
-            Value::Object(map) => {
-                if let Some(req) = schema.get("required").and_then(Value::as_array) {
-                    for name in req.iter().filter_map(Value::as_str) {
-                        if !map.contains_key(name) {
-                            errors.push(format!("{at}: {name} is required"));
-                        }
-                    }
-                }
-                let props = schema.get("properties").and_then(Value::as_object);
-                if let Some(props) = props {
-                    for (name, sub) in props {
-                        if let Some(value) = map.get(name) {
-                            self.check(sub, value, &format!("{at}.{name}"), depth + 1, errors);
-                            evaluated.insert(name.clone());
-                        }
-                    }
-                }
-                let named = |name: &String| props.is_some_and(|p| p.contains_key(name));
-                match schema.get("additionalProperties") {
-                    Some(Value::Bool(false)) => {
-                        for name in map.keys().filter(|n| !named(n)) {
-                            errors.push(format!("{at}.{name}: not a property the schema allows"));
-                        }
-                        evaluated.extend(map.keys().cloned());
-                    }
-                    Some(sub @ Value::Object(_)) => {
-                        for (name, value) in map.iter().filter(|(n, _)| !named(n)) {
-                            self.check(sub, value, &format!("{at}.{name}"), depth + 1, errors);
-                        }
-                        evaluated.extend(map.keys().cloned());
-                    }
-                    _ => {}
-                }
-                match schema.get("unevaluatedProperties") {
-                    Some(Value::Bool(false)) => {
-                        for name in map.keys().filter(|n| !evaluated.contains(*n)) {
-                            errors.push(format!(
-                                "{at}.{name}: not a property the schema or its subschemas allow"
-                            ));
-                        }
-                        evaluated.extend(map.keys().cloned());
-                    }
-                    Some(sub @ Value::Object(_)) => {
-                        for (name, value) in map.iter().filter(|(n, _)| !evaluated.contains(*n)) {
-                            self.check(sub, value, &format!("{at}.{name}"), depth + 1, errors);
-                        }
-                        evaluated.extend(map.keys().cloned());
-                    }
-                    _ => {}
-                }
-            }
-            Value::Array(items) => {
-                let n = items.len() as u64;
-                if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
-                    && n < min
-                {
-                    errors.push(format!("{at}: {n} items, fewer than {min}"));
-                }
-                if let Some(max) = schema.get("maxItems").and_then(Value::as_u64)
-                    && n > max
-                {
-                    errors.push(format!("{at}: {n} items, more than {max}"));
-                }
-                if let Some(sub) = schema.get("items") {
-                    for (i, item) in items.iter().enumerate() {
-                        self.check(sub, item, &format!("{at}[{i}]"), depth + 1, errors);
-                    }
-                }
-            }
-            Value::Number(n) => {
-                let x = n.as_f64().unwrap_or(f64::NAN);
-                let bound = |k: &str| schema.get(k).and_then(Value::as_f64);
-                if let Some(min) = bound("minimum")
-                    && x < min
-                {
-                    errors.push(format!("{at}: {n} is below the minimum {min}"));
-                }
-                if let Some(max) = bound("maximum")
-                    && x > max
-                {
-                    errors.push(format!("{at}: {n} is above the maximum {max}"));
-                }
-                if let Some(min) = bound("exclusiveMinimum")
-                    && x <= min
-                {
-                    errors.push(format!("{at}: {n} is not above {min}"));
-                }
-                if let Some(max) = bound("exclusiveMaximum")
-                    && x >= max
-                {
-                    errors.push(format!("{at}: {n} is not below {max}"));
-                }
-            }
-            Value::String(s) => {
-                let len = s.chars().count() as u64;
-                if let Some(min) = schema.get("minLength").and_then(Value::as_u64)
-                    && len < min
-                {
-                    errors.push(format!("{at}: {len} characters, fewer than {min}"));
-                }
-                if let Some(max) = schema.get("maxLength").and_then(Value::as_u64)
-                    && len > max
-                {
-                    errors.push(format!("{at}: {len} characters, more than {max}"));
-                }
-            }
-            Value::Null | Value::Bool(_) => {}
-        }
-        evaluated
-    }
 }
 
 /// A query parameter's text as the JSON value its schema describes.
@@ -552,25 +360,62 @@ fn query_value(schema: &Value, raw: &str) -> Value {
     }
 }
 
-/// Whether `v` is of JSON-schema type `name` (an unknown name: no value is).
-fn is_type(v: &Value, name: &str) -> bool {
-    match name {
-        "null" => v.is_null(),
-        "boolean" => v.is_boolean(),
-        "object" => v.is_object(),
-        "array" => v.is_array(),
-        "string" => v.is_string(),
-        "number" => v.is_number(),
-        "integer" => v.is_i64() || v.is_u64() || v.as_f64().is_some_and(|x| x.fract() == 0.0),
-        _ => false,
-    }
-}
-
-/// JSON equality with numbers compared by value (`1` equals `1.0`).
-fn json_eq(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
-        _ => a == b,
+/// Rewrites OpenAPI 3.0 schema keywords, everywhere in `v`, as JSON Schema
+/// 2020-12 says them: `nullable: true` admits `null` (a `null` type beside
+/// a single `type` and no `enum`, else `anyOf` with `{"type": "null"}`), and
+/// `exclusiveMinimum: true` beside `minimum` becomes `exclusiveMinimum:
+/// <minimum>` (the same for the maximum). Values that are data, not schemas
+/// (`example`, `examples`, `enum`, `const`, `default`), are left alone.
+fn from_openapi_3_0(v: &mut Value) {
+    match v {
+        Value::Array(items) => items.iter_mut().for_each(from_openapi_3_0),
+        Value::Object(map) => {
+            for (key, sub) in map.iter_mut() {
+                if !matches!(
+                    key.as_str(),
+                    "example" | "examples" | "enum" | "const" | "default"
+                ) {
+                    from_openapi_3_0(sub);
+                }
+            }
+            for (flag, bound) in [
+                ("exclusiveMinimum", "minimum"),
+                ("exclusiveMaximum", "maximum"),
+            ] {
+                match map.get(flag) {
+                    Some(Value::Bool(true)) => {
+                        if let Some(b) = map.remove(bound) {
+                            map.insert(flag.into(), b);
+                        } else {
+                            map.remove(flag);
+                        }
+                    }
+                    Some(Value::Bool(false)) => {
+                        map.remove(flag);
+                    }
+                    _ => {}
+                }
+            }
+            if map.get("nullable") == Some(&Value::Bool(true)) {
+                map.remove("nullable");
+                match map.get("type") {
+                    Some(Value::String(t)) if !map.contains_key("enum") => {
+                        let t = Value::String(t.clone());
+                        map.insert("type".into(), Value::Array(vec![t, "null".into()]));
+                    }
+                    _ => {
+                        let rest = Value::Object(std::mem::take(map));
+                        map.insert(
+                            "anyOf".into(),
+                            serde_json::json!([{ "type": "null" }, rest]),
+                        );
+                    }
+                }
+            } else if map.get("nullable") == Some(&Value::Bool(false)) {
+                map.remove("nullable");
+            }
+        }
+        _ => {}
     }
 }
 
@@ -582,14 +427,4 @@ fn media_type(content_type: &str) -> &str {
 /// The method as an HTTP request line spells it, for messages.
 fn upper(method: &str) -> String {
     method.to_ascii_uppercase()
-}
-
-/// A value for a message, cut at 80 characters.
-fn short(v: &Value) -> String {
-    let s = v.to_string();
-    if s.chars().count() > 80 {
-        format!("{}…", s.chars().take(80).collect::<String>())
-    } else {
-        s
-    }
 }

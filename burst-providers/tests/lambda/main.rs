@@ -188,7 +188,8 @@ async fn the_fake_refuses_a_request_that_breaks_the_spec() {
     assert_eq!(resp.status().as_u16(), 400);
     let v = fake.take_violations();
     assert!(
-        v.iter().any(|e| e.contains("ssh_key_names is required")),
+        v.iter()
+            .any(|e| e.contains("\"ssh_key_names\" is a required property")),
         "{v:?}"
     );
     assert!(v.iter().any(|e| e.contains("maximum")), "{v:?}");
