@@ -69,13 +69,9 @@ pub async fn run(client: &Client, a: &GetArgs) -> anyhow::Result<ExitCode> {
         })
         .collect();
     if !rows.is_empty() {
-        if a.no_headers {
-            let w = table::widths(INSTANCE_HEADERS, &rows);
-            for r in &rows {
-                println!("{}", table::render_line(&r.cells, &w));
-            }
-        } else {
-            print!("{}", table::render(INSTANCE_HEADERS, &rows));
+        let header = (!a.no_headers).then_some(INSTANCE_HEADERS);
+        print!("{}", crate::layout::render(header, &rows, None));
+        if !a.no_headers {
             println!();
         }
     } else if !a.no_headers {
@@ -103,6 +99,9 @@ pub async fn run(client: &Client, a: &GetArgs) -> anyhow::Result<ExitCode> {
     if !a.no_headers {
         println!("spend in {} (UTC):", v.month);
     }
-    print!("{}", table::render(SPEND_HEADERS, &spend));
+    print!(
+        "{}",
+        crate::layout::render(Some(SPEND_HEADERS), &spend, None)
+    );
     Ok(ExitCode::SUCCESS)
 }

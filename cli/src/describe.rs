@@ -96,7 +96,7 @@ pub fn history_table(history: &[TransitionView]) -> String {
             ],
         })
         .collect();
-    table::render(&["TIME", "TRANSITION", "REASON"], &rows)
+    crate::layout::render(Some(&["TIME", "TRANSITION", "REASON"]), &rows, None)
 }
 
 /// "Label:" padded to one column, then the value.

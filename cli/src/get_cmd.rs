@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::args::{ListFormat, ObjectFormat, parse_state, to_text};
 use crate::client::{Client, ClientError, WorkloadFilter};
 use crate::exit::UsageError;
+use crate::layout;
 use crate::table::{self, Row};
 use crate::workload_cmd::now_ms;
 
@@ -111,20 +112,18 @@ impl Snapshot {
         }
     }
 
-    /// Rows as `-o` wants them: `wide` keeps every reason whole; a table on
-    /// a terminal is cut to its width.
+    /// Rows as `-o` wants them: `wide` keeps every reason whole (a table on
+    /// a terminal is cut to its width when laid out: [`fit_to`]).
     fn rows_for(&self, now_ms: u64, output: ListFormat) -> Vec<Row> {
         let mut rows = self.rows(now_ms);
-        if output == ListFormat::Wide {
-            if let Snapshot::Workloads(ws) = self {
-                for (r, w) in rows.iter_mut().zip(ws) {
-                    if let (Some(last), Some(reason)) = (r.cells.last_mut(), &w.pending_reason) {
-                        *last = reason.clone();
-                    }
+        if output == ListFormat::Wide
+            && let Snapshot::Workloads(ws) = self
+        {
+            for (r, w) in rows.iter_mut().zip(ws) {
+                if let (Some(last), Some(reason)) = (r.cells.last_mut(), &w.pending_reason) {
+                    *last = reason.clone();
                 }
             }
-        } else if let Some(cols) = terminal_columns() {
-            table::fit_last_column(self.headers(), &mut rows, cols);
         }
         rows
     }
@@ -274,14 +273,8 @@ async fn hubs(client: &Client, a: &GetArgs) -> anyhow::Result<ExitCode> {
             ],
         })
         .collect();
-    if a.no_headers {
-        let w = table::widths(HUB_HEADERS, &rows);
-        for r in &rows {
-            println!("{}", table::render_line(&r.cells, &w));
-        }
-    } else {
-        print!("{}", table::render(HUB_HEADERS, &rows));
-    }
+    let header = (!a.no_headers).then_some(HUB_HEADERS);
+    print!("{}", layout::render(header, &rows, None));
     if let Some(state) = &v.state
         && !a.no_headers
     {
@@ -347,6 +340,13 @@ async fn fetch(
 
 /// The terminal's width when stdout is one: `COLUMNS`, else what the
 /// terminal says.
+/// The width a table is cut to: the terminal's, except for `-o wide`.
+fn fit_to(output: ListFormat) -> Option<usize> {
+    (output != ListFormat::Wide)
+        .then(terminal_columns)
+        .flatten()
+}
+
 fn terminal_columns() -> Option<usize> {
     use std::io::IsTerminal;
     if !std::io::stdout().is_terminal() {
@@ -390,14 +390,8 @@ pub async fn run(client: &Client, a: GetArgs) -> anyhow::Result<ExitCode> {
             None if snap.len() == 0 => eprintln!("no {} found", resource_name(a.resource)),
             None => {
                 let rows = snap.rows_for(now_ms(), a.output);
-                if a.no_headers {
-                    let w = table::widths(snap.headers(), &rows);
-                    for r in &rows {
-                        println!("{}", table::render_line(&r.cells, &w));
-                    }
-                } else {
-                    print!("{}", table::render(snap.headers(), &rows));
-                }
+                let header = (!a.no_headers).then_some(snap.headers());
+                print!("{}", layout::render(header, &rows, fit_to(a.output)));
             }
         }
         return Ok(ExitCode::SUCCESS);
@@ -538,32 +532,19 @@ async fn watch_table(
                         .enumerate()
                         .map(|(i, h)| h.chars().count().max(floors.get(i).copied().unwrap_or(0)))
                         .collect();
-                    for r in &rows {
-                        table::grow_widths(&mut w, r);
-                    }
+                    layout::grow(&mut w, &rows);
                     widths = Some(w);
                     true
                 }
-                Some(w) => {
-                    let before = w.clone();
-                    for r in &rows {
-                        table::grow_widths(w, r);
-                    }
-                    *w != before
-                }
+                Some(w) => layout::grow(w, &rows),
             };
             let w = widths.as_ref().expect("set above");
+            let fit = fit_to(a.output);
             if reprint && !a.no_headers {
-                println!("{}", table::render_line(&headers, w));
+                println!("{}", layout::line(&headers, w, fit));
             }
-            let cols = (a.output != ListFormat::Wide)
-                .then(terminal_columns)
-                .flatten();
-            for mut row in rows {
-                if let Some(cols) = cols {
-                    table::fit_line(&mut row, w, cols);
-                }
-                println!("{}", table::render_line(&row, w));
+            for row in rows {
+                println!("{}", layout::line(&row, w, fit));
             }
         }
         snap = poll(client, a, state, &mut cursor, &mut ticker).await?;

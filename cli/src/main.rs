@@ -17,6 +17,7 @@ mod client;
 mod describe;
 mod exit;
 mod get_cmd;
+mod layout;
 mod logs_cmd;
 mod policy_cmd;
 mod simulate_cmd;

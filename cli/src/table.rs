@@ -1,10 +1,8 @@
-//! kubectl-style aligned tables and value formatting: pure functions from API
-//! views (and a caller-supplied `now_ms`) to text.
+//! The CLI's table rows and value formatting: pure functions from API views
+//! (and a caller-supplied `now_ms`) to cells; `layout.rs` lays the cells out.
 
 use axle_proto::api::{ClusterView, EventView, TeamView, WorkloadView};
 
-/// Spaces between columns (kubectl uses 3).
-const COLUMN_GAP: usize = 3;
 /// The REASON column is cut to this many characters so a pending reason never
 /// wraps a 120-column terminal on its own (the brief's "~60 chars").
 pub const REASON_MAX_CHARS: usize = 60;
@@ -77,101 +75,9 @@ pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-fn width(s: &str) -> usize {
-    printable(s).chars().count()
-}
-
-/// Column widths: the widest cell (or header) of each column.
-pub fn widths(headers: &[&str], rows: &[Row]) -> Vec<usize> {
-    let mut w: Vec<usize> = headers.iter().map(|h| width(h)).collect();
-    for row in rows {
-        grow_widths(&mut w, &row.cells);
-    }
-    w
-}
-
-/// Widens `w` so `cells` fit.
-pub fn grow_widths(w: &mut Vec<usize>, cells: &[String]) {
-    if w.len() < cells.len() {
-        w.resize(cells.len(), 0);
-    }
-    for (i, c) in cells.iter().enumerate() {
-        w[i] = w[i].max(width(c));
-    }
-}
-
-/// One line: cells padded to `widths`, no trailing spaces, no newline.
-pub fn render_line<S: AsRef<str>>(cells: &[S], widths: &[usize]) -> String {
-    let mut out = String::new();
-    let last = cells.len().saturating_sub(1);
-    for (i, c) in cells.iter().enumerate() {
-        let c = c.as_ref();
-        out.push_str(&printable(c));
-        if i < last {
-            let w = widths.get(i).copied().unwrap_or(0);
-            let pad = w.saturating_sub(width(c)) + COLUMN_GAP;
-            out.extend(std::iter::repeat_n(' ', pad));
-        }
-    }
-    // Empty trailing cells leave no trailing spaces.
-    out.truncate(out.trim_end_matches(' ').len());
-    out
-}
-
-/// Header plus rows, each line ending in '\n'.
-pub fn render(headers: &[&str], rows: &[Row]) -> String {
-    let w = widths(headers, rows);
-    let mut out = render_line(headers, &w);
-    out.push('\n');
-    for row in rows {
-        out.push_str(&render_line(&row.cells, &w));
-        out.push('\n');
-    }
-    out
-}
-
-/// Narrowest the last column is cut to when fitting a terminal: a reason
-/// cut shorter than this says nothing.
-pub const MIN_LAST_COLUMN_CHARS: usize = 20;
-
-/// Cuts the last column of `rows` so every line fits `max_line` characters
-/// (a terminal's width), never below [`MIN_LAST_COLUMN_CHARS`].
-pub fn fit_last_column(headers: &[&str], rows: &mut [Row], max_line: usize) {
-    let w = widths(headers, rows);
-    let Some((_, before)) = w.split_last() else {
-        return;
-    };
-    let used: usize = before.iter().map(|c| c + COLUMN_GAP).sum();
-    let room = max_line.saturating_sub(used).max(MIN_LAST_COLUMN_CHARS);
-    for r in rows.iter_mut() {
-        if let Some(last) = r.cells.last_mut()
-            && width(last) > room
-        {
-            *last = truncate(last, room);
-        }
-    }
-}
-
-/// Cuts the last cell of one line so that, laid out on `widths` (every
-/// column before it counted, a watch's TIME included), it fits `max_line`;
-/// never below [`MIN_LAST_COLUMN_CHARS`]. Observed: `get workloads -w`
-/// printed rows wider than the terminal, its TIME column not counted.
-pub fn fit_line(cells: &mut [String], widths: &[usize], max_line: usize) {
-    let Some((last, before)) = cells.split_last_mut() else {
-        return;
-    };
-    let used: usize = (0..before.len())
-        .map(|i| widths.get(i).copied().unwrap_or(0) + COLUMN_GAP)
-        .sum();
-    let room = max_line.saturating_sub(used).max(MIN_LAST_COLUMN_CHARS);
-    if width(last) > room {
-        *last = truncate(last, room);
-    }
-}
-
 /// Cuts `s` to at most `max_chars` characters, ending in '…' when cut.
 pub fn truncate(s: &str, max_chars: usize) -> String {
-    if width(s) <= max_chars {
+    if printable(s).chars().count() <= max_chars {
         return s.to_string();
     }
     if max_chars == 0 {
@@ -264,7 +170,7 @@ pub fn workload_rows(ws: &[WorkloadView], now_ms: u64) -> Vec<Row> {
 
 #[cfg(test)]
 pub fn workloads_table(ws: &[WorkloadView], now_ms: u64) -> String {
-    render(WORKLOAD_HEADERS, &workload_rows(ws, now_ms))
+    crate::layout::render(Some(WORKLOAD_HEADERS), &workload_rows(ws, now_ms), None)
 }
 
 /// Values of `last_heartbeat_ms` at or above this are wall-clock timestamps
@@ -317,7 +223,7 @@ pub fn cluster_rows(cs: &[ClusterView], now_ms: u64) -> Vec<Row> {
 
 #[cfg(test)]
 pub fn clusters_table(cs: &[ClusterView], now_ms: u64) -> String {
-    render(CLUSTER_HEADERS, &cluster_rows(cs, now_ms))
+    crate::layout::render(Some(CLUSTER_HEADERS), &cluster_rows(cs, now_ms), None)
 }
 
 /// One row per quota class; a team without quotas still gets a row. Every
@@ -380,7 +286,7 @@ pub fn teams_rows(ts: &[TeamView]) -> Vec<Row> {
 
 #[cfg(test)]
 pub fn teams_table(ts: &[TeamView]) -> String {
-    render(TEAM_HEADERS, &teams_rows(ts))
+    crate::layout::render(Some(TEAM_HEADERS), &teams_rows(ts), None)
 }
 
 pub fn event_row(e: &EventView) -> Row {
@@ -404,7 +310,7 @@ pub fn event_rows(es: &[EventView]) -> Vec<Row> {
 
 #[cfg(test)]
 pub fn events_table(es: &[EventView]) -> String {
-    render(EVENT_HEADERS, &event_rows(es))
+    crate::layout::render(Some(EVENT_HEADERS), &event_rows(es), None)
 }
 
 /// The cells `-w` compares: volatile columns blanked.
@@ -547,42 +453,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn control_characters_are_shown_escaped_and_keep_the_columns() {
-        let rows = vec![
-            Row {
-                key: "1".into(),
-                cells: vec!["1".into(), "red\u{1b}[31m\nnext".into(), "#a".into()],
-            },
-            Row {
-                key: "2".into(),
-                cells: vec!["2".into(), "plain".into(), "#b".into()],
-            },
-        ];
-        let out = render(&["ID", "NAME", "#Z"], &rows);
-        assert!(!out.contains('\u{1b}'), "{out}");
-        assert_eq!(out.lines().count(), 3, "{out}");
-        assert!(out.contains("red\\u{1b}[31m\\nnext"), "{out}");
-        let col = |l: &str| l.chars().position(|c| c == '#').unwrap();
-        let lines: Vec<&str> = out.lines().collect();
-        assert_eq!(col(lines[0]), col(lines[1]));
-        assert_eq!(col(lines[1]), col(lines[2]));
-    }
-
-    #[test]
-    fn the_last_column_is_cut_to_fit_the_terminal_but_not_below_the_floor() {
-        let mut rows = vec![Row {
-            key: "1".into(),
-            cells: vec!["12".into(), "Pending".into(), "y".repeat(100)],
-        }];
-        fit_last_column(&["ID", "STATE", "REASON"], &mut rows, 50);
-        let line = render_line(&rows[0].cells, &widths(&["ID", "STATE", "REASON"], &rows));
-        assert_eq!(line.chars().count(), 50, "{line}");
-        assert!(line.ends_with('…'));
-        fit_last_column(&["ID", "STATE", "REASON"], &mut rows, 10);
-        assert_eq!(rows[0].cells[2].chars().count(), MIN_LAST_COLUMN_CHARS);
-    }
-
-    #[test]
     fn long_reasons_are_truncated_to_the_limit() {
         let mut w = workload(1);
         w.pending_reason = Some("x".repeat(200));
@@ -594,22 +464,6 @@ pub(crate) mod tests {
         assert_eq!(truncate("abcdef", 4), "abc…");
         assert_eq!(truncate("ééééé", 5), "ééééé");
         assert_eq!(truncate("abc", 0), "");
-    }
-
-    #[test]
-    fn alignment_counts_characters_not_bytes() {
-        let rows = vec![
-            Row {
-                key: "a".into(),
-                cells: vec!["é…".into(), "x".into()],
-            },
-            Row {
-                key: "b".into(),
-                cells: vec!["abc".into(), "y".into()],
-            },
-        ];
-        let out = render(&["N", "V"], &rows);
-        assert_eq!(out, "N     V\né…    x\nabc   y\n");
     }
 
     #[test]
@@ -774,17 +628,5 @@ pub(crate) mod tests {
             stable_cells(&earlier, WORKLOAD_VOLATILE),
             stable_cells(&workload_row(&done, NOW_MS), WORKLOAD_VOLATILE)
         );
-    }
-
-    #[test]
-    fn a_watch_line_fits_the_terminal_with_its_time_column() {
-        let widths = [8, 3, 7, 6];
-        let mut cells: Vec<String> = ["12:00:01", "12", "Pending", &"x".repeat(200)]
-            .map(String::from)
-            .to_vec();
-        fit_line(&mut cells, &widths, 80);
-        let line = render_line(&cells, &widths);
-        assert_eq!(line.chars().count(), 80, "{line}");
-        assert!(line.ends_with('…'));
     }
 }
