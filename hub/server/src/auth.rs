@@ -98,6 +98,11 @@ pub struct Identity {
     pub via: String,
     /// Their single sign-on groups (from an ID token); teams give groups roles.
     pub groups: Vec<String>,
+    /// The caller of a hub without authentication (`--auth none`): a
+    /// platform admin, exempt from rate limits. Never set in token mode,
+    /// whatever the user's name (a user once named `anonymous` in an ID
+    /// token or an API token was a platform admin).
+    pub no_auth: bool,
 }
 
 impl Identity {
@@ -106,6 +111,7 @@ impl Identity {
             user: ANONYMOUS.to_string(),
             via: "none (--auth none)".to_string(),
             groups: Vec::new(),
+            no_auth: true,
         }
     }
 }
@@ -175,10 +181,14 @@ pub fn authenticate(
         let u = oidc
             .verify(token, now_ms / 1000)
             .map_err(|e| HubError::Unauthenticated(e.to_string()))?;
+        if u.user == ANONYMOUS {
+            return Err(reserved_user(&format!("the ID token from {}", u.issuer)));
+        }
         return Ok(Identity {
             user: u.user,
             via: format!("oidc {}", u.issuer),
             groups: u.groups,
+            no_auth: false,
         });
     }
     let bad = || HubError::Unauthenticated("the API token is not valid".into());
@@ -195,11 +205,24 @@ pub fn authenticate(
             record.user
         )));
     }
+    if record.user == ANONYMOUS {
+        return Err(reserved_user(&format!("the API token {id}")));
+    }
     Ok(Identity {
         user: record.user.clone(),
         via: format!("token {id}"),
         groups: Vec::new(),
+        no_auth: false,
     })
+}
+
+/// `what` names the user [`ANONYMOUS`], which only a hub without
+/// authentication has.
+fn reserved_user(what: &str) -> HubError {
+    HubError::Unauthenticated(format!(
+        "{what} names the user {ANONYMOUS:?}, which is reserved for hubs without \
+         authentication (--auth none); use another user name"
+    ))
 }
 
 /// What a call does, for [`may`].
@@ -217,9 +240,10 @@ pub enum Action<'a> {
     ManageClusters,
 }
 
-/// Whether `user` is a platform admin (anonymous callers of `--auth none` are).
-pub fn is_platform_admin(policy: &Policy, user: &str) -> bool {
-    user == ANONYMOUS || policy.settings.platform_admins.iter().any(|u| u == user)
+/// Whether `who` is a platform admin (the caller of a hub without
+/// authentication is; a user merely named `anonymous` is not).
+pub fn is_platform_admin(policy: &Policy, who: &Identity) -> bool {
+    who.no_auth || policy.settings.platform_admins.contains(&who.user)
 }
 
 /// `user`'s role in `team`, if any.
@@ -250,7 +274,7 @@ pub fn may(
     team: &str,
     action: Action<'_>,
 ) -> Result<(), HubError> {
-    if is_platform_admin(policy, &who.user) {
+    if is_platform_admin(policy, who) {
         return Ok(());
     }
     let user = &who.user;
@@ -307,7 +331,7 @@ pub fn role_name(r: Role) -> &'static str {
 
 /// The teams whose work `who` may read; `None`: all of them.
 pub fn readable_teams(policy: &Policy, who: &Identity) -> Option<BTreeSet<String>> {
-    if is_platform_admin(policy, &who.user) {
+    if is_platform_admin(policy, who) {
         return None;
     }
     Some(
@@ -334,6 +358,15 @@ pub fn dev_token(now_ms: u64) -> Result<(TokenRecord, String), HubError> {
 
 /// Checks a user name for a new token.
 pub fn check_user(user: &str) -> Result<(), HubError> {
+    if user == ANONYMOUS {
+        return Err(HubError::bad(
+            format!(
+                "user {ANONYMOUS:?} is reserved for hubs without authentication \
+                 (--auth none); use another user name"
+            ),
+            Some("user"),
+        ));
+    }
     if user.is_empty()
         || user.len() > MAX_USER_BYTES
         || user.trim() != user
@@ -390,5 +423,32 @@ mod tests {
         assert!(e.to_string().contains("expired"), "{e}");
         let open = authenticate(AuthMode::None, &BTreeMap::new(), None, None, 0).unwrap();
         assert_eq!(open.user, ANONYMOUS);
+    }
+
+    #[test]
+    fn a_user_named_anonymous_is_no_admin_and_cannot_authenticate() {
+        // Observed: an API token or ID token for `anonymous` was a platform
+        // admin in token mode and minted tokens and join tokens.
+        let policy = crate::dev::example_policy().expect("example policy");
+        let named = Identity {
+            user: ANONYMOUS.to_string(),
+            via: "token t".to_string(),
+            groups: Vec::new(),
+            no_auth: false,
+        };
+        assert!(!is_platform_admin(&policy, &named));
+        assert!(may(&policy, &named, "", Action::ManageTokens).is_err());
+        assert!(is_platform_admin(&policy, &Identity::anonymous()));
+        let e = check_user(ANONYMOUS).unwrap_err();
+        assert!(e.to_string().contains("reserved"), "{e}");
+        let (id, token, sha) = mint().unwrap();
+        let mut tokens = BTreeMap::new();
+        tokens.insert(
+            id.clone(),
+            TokenRecord::new(id, sha, ANONYMOUS, "admin", 0, 1_000),
+        );
+        let e = authenticate(AuthMode::Tokens, &tokens, None, Some(&token), 10).unwrap_err();
+        assert!(matches!(e, HubError::Unauthenticated(_)), "{e}");
+        assert!(e.to_string().contains("reserved"), "{e}");
     }
 }

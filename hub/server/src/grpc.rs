@@ -248,7 +248,7 @@ impl UserSvc {
             now,
         )
         .map_err(status_of)?;
-        let admitted = self.hub.limiter.admit(&who.user, now).map_err(status_of)?;
+        let admitted = self.hub.limiter.admit(&who, now).map_err(status_of)?;
         Ok((who, admitted))
     }
 }

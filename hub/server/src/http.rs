@@ -225,7 +225,7 @@ async fn authenticated(
         Err(e) => return err(e),
     };
     drop(view);
-    let _admitted = match hub.limiter.admit(&who.user, now) {
+    let _admitted = match hub.limiter.admit(&who, now) {
         Ok(a) => a,
         Err(e) => return err(e),
     };

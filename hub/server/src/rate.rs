@@ -71,12 +71,17 @@ impl Limiter {
         }
     }
 
-    /// Admits one call of `user` at `now_ms`, or says when to come back.
+    /// Admits one call of `who` at `now_ms`, or says when to come back.
     /// Without authentication every caller is the same anonymous user, so
-    /// only the bound on calls in flight applies then.
-    pub fn admit(&self, user: &str, now_ms: u64) -> Result<Admitted<'_>, HubError> {
-        if user != crate::auth::ANONYMOUS {
-            self.take(user, now_ms)?;
+    /// only the bound on calls in flight applies then (a user merely named
+    /// `anonymous` has a bucket like everyone else).
+    pub fn admit(
+        &self,
+        who: &crate::auth::Identity,
+        now_ms: u64,
+    ) -> Result<Admitted<'_>, HubError> {
+        if !who.no_auth {
+            self.take(&who.user, now_ms)?;
         }
         let permit = self
             .in_flight
@@ -146,29 +151,56 @@ mod tests {
     fn a_user_gets_the_burst_then_the_rate_and_others_are_unaffected() {
         let l = limiter(2, 3, 100);
         for _ in 0..3 {
-            assert!(l.admit("bob", 0).is_ok());
+            assert!(l.admit(&user("bob"), 0).is_ok());
         }
-        match l.admit("bob", 0) {
+        match l.admit(&user("bob"), 0) {
             Err(HubError::RateLimited { retry_after_s, .. }) => assert_eq!(retry_after_s, 1),
             other => panic!("{:?}", other.err()),
         }
         assert!(
-            l.admit("alice", 0).is_ok(),
+            l.admit(&user("alice"), 0).is_ok(),
             "another user has a bucket of their own"
         );
         // Two a second: half a second later, one more.
-        assert!(l.admit("bob", 500).is_ok());
-        assert!(l.admit("bob", 500).is_err());
-        assert!(l.admit("bob", 10_000).is_ok());
+        assert!(l.admit(&user("bob"), 500).is_ok());
+        assert!(l.admit(&user("bob"), 500).is_err());
+        assert!(l.admit(&user("bob"), 10_000).is_ok());
     }
 
     #[test]
     fn calls_in_flight_are_bounded_and_given_back() {
         let l = limiter(1000, 1000, 2);
-        let a = l.admit("a", 0).unwrap();
-        let _b = l.admit("b", 0).unwrap();
-        assert!(matches!(l.admit("c", 0), Err(HubError::TooBusy { .. })));
+        let a = l.admit(&user("a"), 0).unwrap();
+        let _b = l.admit(&user("b"), 0).unwrap();
+        assert!(matches!(
+            l.admit(&user("c"), 0),
+            Err(HubError::TooBusy { .. })
+        ));
         drop(a);
-        assert!(l.admit("c", 0).is_ok());
+        assert!(l.admit(&user("c"), 0).is_ok());
+    }
+
+    #[test]
+    fn a_user_named_anonymous_is_limited_like_any_other() {
+        // Observed: `anonymous` was exempt in token mode too.
+        let l = limiter(1, 1, 100);
+        assert!(l.admit(&user("anonymous"), 0).is_ok());
+        assert!(matches!(
+            l.admit(&user("anonymous"), 0),
+            Err(HubError::RateLimited { .. })
+        ));
+        let open = crate::auth::Identity::anonymous();
+        for _ in 0..10 {
+            assert!(l.admit(&open, 0).is_ok(), "--auth none has no buckets");
+        }
+    }
+
+    fn user(name: &str) -> crate::auth::Identity {
+        crate::auth::Identity {
+            user: name.to_string(),
+            via: "token t".to_string(),
+            groups: Vec::new(),
+            no_auth: false,
+        }
     }
 }

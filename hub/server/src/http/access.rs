@@ -33,7 +33,7 @@ pub(super) async fn whoami(
             "user": who.user,
             "authenticated_by": who.via,
             "groups": who.groups,
-            "platform_admin": auth::is_platform_admin(policy, &who.user),
+            "platform_admin": auth::is_platform_admin(policy, &who),
             "teams": teams,
         }),
     )

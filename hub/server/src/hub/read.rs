@@ -436,7 +436,7 @@ impl ReadView {
     pub fn burst_view(&self, who: &crate::auth::Identity, now: u64) -> api::BurstView {
         use crate::burst::ledger::Month;
         let month = Month::of_ms(now);
-        let admin = crate::auth::is_platform_admin(&self.policy, &who.user);
+        let admin = crate::auth::is_platform_admin(&self.policy, who);
         let sees = |team: &str| admin || crate::auth::role_in(&self.policy, who, team).is_some();
         let instances = self
             .bursts
