@@ -28,6 +28,12 @@ pub const MAX_IMAGE_CHARS: usize = 512;
 /// Most regions a workload may name.
 pub const MAX_REGIONS: usize = 64;
 
+/// Longest `max_runtime_s` and `checkpoint_interval_s` a workload may ask
+/// (366 days): far past any real run, and far inside what a clock can add
+/// (a run time of 2^64 − 1 s once overflowed a spoke's deadline and stranded
+/// the workload's GPUs).
+pub const MAX_RUNTIME_S: u64 = 366 * 86_400;
+
 /// A fault in a request's shape: what is wrong, and the field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShapeError {
@@ -130,6 +136,21 @@ pub fn check(req: &SubmitRequest) -> Result<(), ShapeError> {
             ));
         }
     }
+    for (field, v) in [
+        ("max_runtime_s", req.max_runtime_s),
+        ("checkpoint_interval_s", req.checkpoint_interval_s),
+    ] {
+        if let Some(s) = v
+            && s > MAX_RUNTIME_S
+        {
+            return Err(fault(
+                field,
+                format!(
+                    "{field} of {s} s is longer than the longest allowed, {MAX_RUNTIME_S} s (366 days)"
+                ),
+            ));
+        }
+    }
     if req.command.len() > MAX_COMMAND_ARGS {
         return Err(fault(
             "command",
@@ -200,6 +221,20 @@ mod tests {
 
     fn field_of(r: SubmitRequest) -> String {
         check(&r).expect_err("refused").field
+    }
+
+    #[test]
+    fn run_times_are_bounded() {
+        // Observed: 18446744073709551615 panicked the spoke's supervisor.
+        let mut r = ok();
+        r.max_runtime_s = Some(u64::MAX);
+        assert_eq!(field_of(r), "max_runtime_s");
+        let mut r = ok();
+        r.checkpoint_interval_s = Some(MAX_RUNTIME_S + 1);
+        assert_eq!(field_of(r), "checkpoint_interval_s");
+        let mut r = ok();
+        r.max_runtime_s = Some(MAX_RUNTIME_S);
+        assert_eq!(check(&r), Ok(()));
     }
 
     #[test]

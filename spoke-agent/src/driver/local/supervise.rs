@@ -376,8 +376,11 @@ async fn run_workload(
         kill_at = Some(Instant::now() + grace);
     }
 
+    // A run time too long for the clock to add means no deadline (the hub
+    // bounds it; an older hub might not).
     let runtime_deadline = (assign.max_runtime_s > 0)
-        .then(|| Instant::now() + Duration::from_secs(assign.max_runtime_s));
+        .then(|| Instant::now().checked_add(Duration::from_secs(assign.max_runtime_s)))
+        .flatten();
     let far = Instant::now() + FAR_FUTURE;
     let mut stop_open = true;
     let mut cancelled = false;
