@@ -86,18 +86,7 @@ pub(crate) fn transition(
             phase,
         });
     }
-    let unschedulable = pod
-        .status
-        .as_ref()
-        .and_then(|st| st.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .find(|c| {
-            c.type_ == "PodScheduled"
-                && c.status == "False"
-                && c.reason.as_deref() == Some("Unschedulable")
-        })
-        .and_then(|c| c.message.clone());
+    let unschedulable = crate::scheduler::unschedulable(&pod).and_then(|c| c.message.clone());
     if let Some(message) = unschedulable
         && pod.spec.as_ref().is_some_and(|sp| sp.node_name.is_none())
         && !matches!(t, PodTransition::Unschedulable { .. })

@@ -89,6 +89,21 @@ pub(crate) fn insufficient(s: &State, pod: &Pod, host: &str) -> Option<String> {
     ))
 }
 
+/// The pod's `PodScheduled=False` condition with reason `Unschedulable`,
+/// which kube-scheduler sets on a pod no node can take.
+pub(crate) fn unschedulable(pod: &Pod) -> Option<&PodCondition> {
+    pod.status
+        .as_ref()
+        .and_then(|st| st.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        })
+}
+
 /// The scheduler's retry: binds every pod it left Unschedulable whose node
 /// now has room (oldest first), as kube-scheduler does when capacity frees.
 pub(crate) fn schedule_unscheduled(s: &mut State) {
@@ -98,16 +113,7 @@ pub(crate) fn schedule_unscheduled(s: &mut State) {
             Object::Pod(p)
                 if p.spec.as_ref().is_some_and(|x| x.node_name.is_none())
                     && !is_terminal(p)
-                    && p.status
-                        .as_ref()
-                        .and_then(|st| st.conditions.as_ref())
-                        .into_iter()
-                        .flatten()
-                        .any(|c| {
-                            c.type_ == "PodScheduled"
-                                && c.status == "False"
-                                && c.reason.as_deref() == Some("Unschedulable")
-                        }) =>
+                    && unschedulable(p).is_some() =>
             {
                 Some(p.clone())
             }
