@@ -27,9 +27,8 @@ const MAX_COLUMN_WIDTH: usize = u16::MAX as usize - COLUMN_GAP;
 /// line fits `max_line` characters when given.
 pub fn render(header: Option<&[&str]>, rows: &[Row], max_line: Option<usize>) -> String {
     let cells: Vec<&[String]> = rows.iter().map(|r| r.cells.as_slice()).collect();
-    let widths = measure(header, &cells);
     let mut out = String::new();
-    for l in build(header, &cells, &widths, max_line).lines() {
+    for l in build(header, &cells, None, max_line).lines() {
         out.push_str(l.trim_end());
         out.push('\n');
     }
@@ -43,7 +42,7 @@ pub fn render(header: Option<&[&str]>, rows: &[Row], max_line: Option<usize>) ->
 /// newline.
 pub fn line<S: AsRef<str>>(cells: &[S], widths: &[usize], max_line: Option<usize>) -> String {
     let cells: Vec<String> = cells.iter().map(|c| c.as_ref().to_string()).collect();
-    build(None, &[cells.as_slice()], widths, max_line)
+    build(None, &[cells.as_slice()], Some(widths), max_line)
         .lines()
         .next()
         .map(|l| l.trim_end().to_string())
@@ -57,7 +56,7 @@ pub fn grow<S: AsRef<str>>(widths: &mut Vec<usize>, rows: &[Vec<S>]) -> bool {
         .map(|r| r.iter().map(|c| c.as_ref().to_string()).collect())
         .collect();
     let slices: Vec<&[String]> = cells.iter().map(Vec::as_slice).collect();
-    let needed = measure(None, &slices);
+    let needed = measure(&slices);
     if widths.len() < needed.len() {
         widths.resize(needed.len(), 0);
     }
@@ -71,13 +70,9 @@ pub fn grow<S: AsRef<str>>(widths: &mut Vec<usize>, rows: &[Vec<S>]) -> bool {
     widened
 }
 
-/// Each column's widest cell (the header's included), as comfy-table
-/// measures it.
-fn measure(header: Option<&[&str]>, rows: &[&[String]]) -> Vec<usize> {
+/// Each column's widest cell, as comfy-table measures it.
+fn measure(rows: &[&[String]]) -> Vec<usize> {
     let mut t = Table::new();
-    if let Some(h) = header {
-        t.set_header(h.iter().map(|c| printable(c).into_owned()));
-    }
     for r in rows {
         t.add_row(r.iter().map(|c| printable(c).into_owned()));
     }
@@ -88,11 +83,12 @@ fn measure(header: Option<&[&str]>, rows: &[&[String]]) -> Vec<usize> {
 }
 
 /// The comfy-table table: borderless, every column but the last `widths`
-/// wide plus the gap, the last one unpadded and bounded by `max_line`.
+/// wide (default: its widest cell) plus the gap, the last one unpadded and
+/// bounded by `max_line`.
 fn build(
     header: Option<&[&str]>,
     rows: &[&[String]],
-    widths: &[usize],
+    widths: Option<&[usize]>,
     max_line: Option<usize>,
 ) -> Table {
     let one_line = |cells: Vec<String>| {
@@ -114,6 +110,18 @@ fn build(
             r.iter().map(|c| printable(c).into_owned()).collect(),
         ));
     }
+    let measured: Vec<usize>;
+    let widths = match widths {
+        Some(w) => w,
+        None => {
+            measured = t
+                .column_max_content_widths()
+                .into_iter()
+                .map(usize::from)
+                .collect();
+            &measured
+        }
+    };
     let n = t.column_count();
     let used: usize = (0..n.saturating_sub(1))
         .map(|i| widths.get(i).copied().unwrap_or(0).min(MAX_COLUMN_WIDTH) + COLUMN_GAP)
