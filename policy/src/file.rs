@@ -159,7 +159,7 @@ pub enum PolicyDocument {
     /// A cloud account/region that teams may burst to.
     BurstProvider(Document<BurstProviderSpec>),
     /// Global settings; at most one document of this kind.
-    Settings(Document<SettingsSpec>),
+    Settings(Box<Document<SettingsSpec>>),
 }
 
 /// `spec` of a `Team`.
@@ -416,4 +416,16 @@ pub struct SettingsSpec {
     /// the node reports for the whole GPU).
     #[serde(default)]
     pub fraction_memory_gb: BTreeMap<String, Loc<u64>>,
+    /// Most nodes a spoke may report for a Cluster that declares no
+    /// `nodes` (default 10000, at most 10000).
+    #[serde(default)]
+    pub max_nodes_per_cluster: Option<Loc<u64>>,
+    /// Most GPUs one node may report on a Cluster that declares no `nodes`
+    /// (default 16, at most 64).
+    #[serde(default)]
+    pub max_gpus_per_node: Option<Loc<u64>>,
+    /// Most memory one GPU may report on a Cluster that declares no
+    /// `nodes`, in GB (default 288).
+    #[serde(default)]
+    pub max_gpu_memory_gb: Option<Loc<u64>>,
 }

@@ -15,6 +15,7 @@ pub mod money;
 mod report;
 mod revision;
 mod schema;
+pub mod text;
 mod validate;
 mod walk;
 

@@ -365,6 +365,41 @@ pub struct Settings {
     /// sized on a MIG device (`fractionMemoryGb`).
     #[serde(default)]
     pub fraction_memory_gb: BTreeMap<String, u64>,
+    /// What a spoke may report for a Cluster that declares no `nodes`
+    /// (`maxNodesPerCluster`, `maxGpusPerNode`, `maxGpuMemoryGb`).
+    #[serde(default)]
+    pub undeclared: InventoryBounds,
+}
+
+/// Bounds on what a spoke may report for a cluster whose shape the policy
+/// does not declare: nothing to hold the claims against but these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryBounds {
+    pub max_nodes: u64,
+    pub max_gpus_per_node: u64,
+    pub max_gpu_memory_gb: u64,
+}
+
+/// Most nodes per cluster, by default and at most: the hub's promise
+/// (ten times the largest single GPU clusters run today).
+pub const MAX_NODES_PER_CLUSTER: u64 = 10_000;
+/// Most GPUs a node may report on an undeclared cluster, at most: MIG
+/// instances and time-sliced shares are devices too, but a node holds 16
+/// GPUs at most today; 64 leaves room for what comes next.
+pub const MAX_GPUS_PER_NODE: u64 = 64;
+/// Default `maxGpusPerNode`: the largest servers sold (16 GPUs).
+pub const DEFAULT_MAX_GPUS_PER_NODE: u64 = 16;
+/// Default `maxGpuMemoryGb`: the largest GPU memory sold (288 GB).
+pub const DEFAULT_MAX_GPU_MEMORY_GB: u64 = 288;
+
+impl Default for InventoryBounds {
+    fn default() -> Self {
+        InventoryBounds {
+            max_nodes: MAX_NODES_PER_CLUSTER,
+            max_gpus_per_node: DEFAULT_MAX_GPUS_PER_NODE,
+            max_gpu_memory_gb: DEFAULT_MAX_GPU_MEMORY_GB,
+        }
+    }
 }
 
 /// Default `retainFinishedHours`: a week, long enough to look back at last
@@ -402,6 +437,7 @@ impl Default for Settings {
             max_log_bytes_per_workload: DEFAULT_MAX_LOG_BYTES_PER_WORKLOAD,
             platform_admins: Vec::new(),
             fraction_memory_gb: BTreeMap::new(),
+            undeclared: InventoryBounds::default(),
         }
     }
 }

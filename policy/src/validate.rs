@@ -9,9 +9,9 @@ use crate::document::{Doc, Docs};
 use crate::file::{Loc, RoleSpec};
 use crate::model::{
     ANY_GPU_CLASS, BurstProvider, CHECKPOINT_SIGNALS, Cluster, CrossTeamPreemption,
-    DEFAULT_CHECKPOINT_INTERVAL_S, MILLI_PER_GPU, MIN_LOG_BYTES_PER_WORKLOAD, MIN_RETENTION_MS,
-    Member, Milli, NodeGroup, Policy, PriorityClass, Quota, Role, Settings, Team,
-    default_priority_classes,
+    DEFAULT_CHECKPOINT_INTERVAL_S, MAX_NODES_PER_CLUSTER, MILLI_PER_GPU,
+    MIN_LOG_BYTES_PER_WORKLOAD, MIN_RETENTION_MS, Member, Milli, NodeGroup, Policy, PriorityClass,
+    Quota, Role, Settings, Team, default_priority_classes,
 };
 use crate::report::{Pos, Reporter};
 
@@ -286,6 +286,52 @@ fn settings(docs: &Docs, rep: &mut Reporter<'_>) -> (Settings, Option<(Pos, Stri
         } else if !settings.platform_admins.iter().any(|k| k == name) {
             settings.platform_admins.push(name.to_string());
         }
+    }
+    let bounded = |rep: &mut Reporter<'_>, v: &Loc<u64>, field: &str, most: u64, hint: &str| {
+        if v.value == 0 || v.value > most {
+            rep.error(
+                first.at(v),
+                first.path(field),
+                format!("{field} ({}) must be 1 to {most}", v.value),
+                hint,
+            );
+            None
+        } else {
+            Some(v.value)
+        }
+    };
+    if let Some(v) = &s.max_nodes_per_cluster
+        && let Some(n) = bounded(
+            rep,
+            v,
+            "maxNodesPerCluster",
+            MAX_NODES_PER_CLUSTER,
+            "the most nodes one spoke serves, such as 10000",
+        )
+    {
+        settings.undeclared.max_nodes = n;
+    }
+    if let Some(v) = &s.max_gpus_per_node
+        && let Some(n) = bounded(
+            rep,
+            v,
+            "maxGpusPerNode",
+            crate::model::MAX_GPUS_PER_NODE,
+            "the GPUs of your largest server, such as 8 or 16",
+        )
+    {
+        settings.undeclared.max_gpus_per_node = n;
+    }
+    if let Some(v) = &s.max_gpu_memory_gb
+        && let Some(n) = bounded(
+            rep,
+            v,
+            "maxGpuMemoryGb",
+            MAX_GPU_MEMORY_GB,
+            "the memory of your largest GPU, such as 80 or 192",
+        )
+    {
+        settings.undeclared.max_gpu_memory_gb = n;
     }
     for (model, gb) in &s.fraction_memory_gb {
         if gb.value == 0 || gb.value > MAX_GPU_MEMORY_GB {

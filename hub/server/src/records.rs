@@ -64,6 +64,51 @@ pub fn cluster_key(name: &str) -> String {
     format!("{CLUSTERS}{name}")
 }
 
+/// A cluster's nodes, in pages ([`NodePageRecord`]) beside its
+/// [`ClusterRecord`]: one record holding 10,000 nodes would pass the store's
+/// value limit ([`crate::store::MAX_VALUE_BYTES`]).
+pub const CLUSTER_NODES: &str = "cluster_nodes/";
+
+pub fn node_page_key(cluster: &str, page: u32) -> String {
+    format!("{CLUSTER_NODES}{cluster}/{page:06}")
+}
+
+/// Most bytes of nodes (as JSON) in one [`NodePageRecord`]: a third of the
+/// store's value limit, so a page is far from it whatever its last node
+/// holds (one node is at most ~30 KB: `inventory::MAX_GPUS_PER_NODE`
+/// devices with bounded names).
+pub const NODE_PAGE_BYTES: usize = 512 * 1024;
+
+/// One page of a registered cluster's nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodePageRecord {
+    pub v: u32,
+    pub cluster: String,
+    pub page: u32,
+    pub nodes: Vec<NodeRecord>,
+}
+
+/// Splits `nodes` into pages of at most [`NODE_PAGE_BYTES`] (a node larger
+/// than that alone gets a page of its own), in order.
+pub fn node_pages(nodes: &[NodeRecord]) -> Vec<Vec<NodeRecord>> {
+    let mut pages: Vec<Vec<NodeRecord>> = Vec::new();
+    let mut bytes = 0;
+    for n in nodes {
+        let b = serde_json::to_vec(n).map_or(0, |v| v.len() + 1);
+        match pages.last_mut() {
+            Some(last) if bytes + b <= NODE_PAGE_BYTES => {
+                bytes += b;
+                last.push(n.clone());
+            }
+            _ => {
+                bytes = b;
+                pages.push(vec![n.clone()]);
+            }
+        }
+    }
+    pages
+}
+
 /// At most this many transitions are kept per workload: enough to explain a
 /// workload preempted a dozen times, small enough to keep records compact.
 pub const MAX_HISTORY: usize = 64;
@@ -326,6 +371,10 @@ pub struct ClusterRecord {
     /// The spoke's image for workloads that name none (kubernetes).
     #[serde(default)]
     pub default_image: Option<String>,
+    /// The nodes are in this many [`NodePageRecord`]s (`nodes` is then
+    /// empty); 0 in records written before pages, which hold `nodes`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub node_pages: u32,
 }
 
 /// A pending record with the fewest fields set, for unit tests.

@@ -236,7 +236,7 @@ async fn a_spokes_claims_are_checked_against_the_policy_and_change_nothing() {
         })
         .collect();
     let m = refused(r).await;
-    assert!(m.contains("64 H100") && m.contains("declares 4"), "{m}");
+    assert!(m.contains("8 nodes") && m.contains("limit of 1"), "{m}");
     // Observed: one GPU with index 99999 took a 4-GPU workload on indices 0–3.
     let mut r = register("c1", "x", "H100");
     r.nodes[0].gpus = vec![pb::Gpu {

@@ -204,13 +204,15 @@ async fn on_prem_full_bursts_to_a_runpod_pod_that_runs_the_work_is_deleted_when_
     })
     .await;
     let reaped_ms = t0.elapsed().as_millis();
-    let reaped = env.events("burst_orphan_terminated").await;
-    assert!(
+    // The event is committed after the provider call that deleted the pod.
+    wait("the reaper's event", &env, 10, async || {
+        let reaped = env.events("burst_orphan_terminated").await;
         reaped
             .iter()
-            .any(|e| e["message"].as_str().is_some_and(|m| m.contains(&orphan))),
-        "{reaped:?}"
-    );
+            .any(|e| e["message"].as_str().is_some_and(|m| m.contains(&orphan)))
+            .then_some(())
+    })
+    .await;
     let left: Vec<String> = fake.pod_ids();
     assert_eq!(left, vec![theirs], "only the other pod is left");
 

@@ -1,9 +1,15 @@
 //! What a registering spoke may claim about its cluster, checked against the
 //! policy: the cluster's region and labels are the policy's (a spoke that
-//! says otherwise is refused, never believed), every node's GPUs are indexed
-//! 0…n−1 with n within [`MAX_GPUS_PER_NODE`], and where the policy declares
-//! the cluster's nodes, the spoke reports only models it declares and no more
-//! GPUs of each than it declares. A refusal names what is wrong and where.
+//! says otherwise is refused, never believed), every node's devices are
+//! indexed 0…n−1 with n within [`MAX_GPUS_PER_NODE`], names are bounded and
+//! printable, and every GPU has memory. Where the policy declares the
+//! cluster's nodes, each node has the shape of a declared group (its model,
+//! at most its GPUs per node and its memory) and the cluster no more nodes
+//! or GPUs of a model than declared; where it declares none, Settings bound
+//! the nodes, GPUs per node and memory (`maxNodesPerCluster`,
+//! `maxGpusPerNode`, `maxGpuMemoryGb`). A refusal names what is wrong and
+//! where; nothing a spoke reports can make a record the store refuses
+//! (nodes are stored in pages, `records::node_pages`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,17 +19,22 @@ use axle_proto::pb;
 use super::HubError;
 use crate::records::{GpuRecord, NodeRecord};
 
-/// Most GPUs one node may report: the largest servers hold 16 (MIG instances
-/// and time-sliced shares are fractions of those, not more GPUs); 64 leaves
-/// room for what comes next and refuses what no machine has.
+/// Most devices one node may report (whole GPUs, MIG instances and
+/// time-sliced replicas together): 8 GPUs cut into 7 MIG instances each is
+/// 56; 64 refuses what no machine has and bounds a node's record.
 pub const MAX_GPUS_PER_NODE: usize = 64;
 
-/// Most nodes one spoke may report: ten times the largest single GPU
-/// clusters run today, and a bound on what one registration costs the hub.
-pub const MAX_NODES_PER_CLUSTER: usize = 10_000;
+/// Most nodes one spoke may report, whatever the policy says: ten times the
+/// largest single GPU clusters run today, and a bound on what one
+/// registration costs the hub.
+pub const MAX_NODES_PER_CLUSTER: usize = axle_policy::MAX_NODES_PER_CLUSTER as usize;
 
 /// Longest node name: a Kubernetes node name (a DNS subdomain) is at most 253.
 pub const MAX_NODE_NAME_BYTES: usize = 253;
+
+/// Longest GPU model or unit name (`H100`, `mig-3g.40gb`): with node names,
+/// what bounds one node's record.
+pub const MAX_DEVICE_NAME_BYTES: usize = 64;
 
 /// The region of a cluster that no Cluster document declares and whose
 /// spoke names none.
@@ -86,11 +97,37 @@ pub fn check(policy: &Policy, r: &pb::Register) -> Result<Checked, HubError> {
             r.labels.clone().into_iter().collect(),
         ),
     };
-    if r.nodes.len() > MAX_NODES_PER_CLUSTER {
+    let shaped = declared.filter(|c| !c.nodes.is_empty());
+    let bounds = policy.settings.undeclared;
+    let most_nodes = match shaped {
+        Some(c) => c.nodes.iter().map(|g| g.count).sum::<u64>(),
+        None => bounds.max_nodes,
+    }
+    .min(MAX_NODES_PER_CLUSTER as u64);
+    if r.nodes.len() as u64 > most_nodes {
         return Err(refused(
             format!(
-                "{} nodes, more than the limit of {MAX_NODES_PER_CLUSTER} per cluster",
-                r.nodes.len()
+                "{} nodes, more than the limit of {most_nodes} for cluster {:?} ({})",
+                r.nodes.len(),
+                r.cluster,
+                if shaped.is_some() {
+                    "the nodes its Cluster document declares"
+                } else {
+                    "Settings maxNodesPerCluster; its Cluster document declares no nodes"
+                }
+            ),
+            "nodes",
+        ));
+    }
+    if let Some(c) = shaped
+        && r.nodes.is_empty()
+    {
+        return Err(refused(
+            format!(
+                "the spoke reports no nodes; the policy's Cluster {:?} declares {} \
+                 (is the spoke looking at the right machines?)",
+                c.name,
+                c.nodes.iter().map(|g| g.count).sum::<u64>()
             ),
             "nodes",
         ));
@@ -102,6 +139,17 @@ pub fn check(policy: &Policy, r: &pb::Register) -> Result<Checked, HubError> {
         if n.name.is_empty() || n.name.len() > MAX_NODE_NAME_BYTES {
             return Err(refused(
                 format!("node {i} has no name or one longer than {MAX_NODE_NAME_BYTES} bytes"),
+                &field,
+            ));
+        }
+        if let Some(c) = axle_policy::text::hidden_char(&n.name) {
+            return Err(refused(
+                format!(
+                    "the name of node {i} ({:?}) holds {}, a character that is not shown as \
+                     itself; node names are printable text",
+                    axle_policy::text::printable(&n.name),
+                    c.escape_unicode()
+                ),
                 &field,
             ));
         }
@@ -155,6 +203,46 @@ pub fn check(policy: &Policy, r: &pb::Register) -> Result<Checked, HubError> {
                 &format!("{field}.gpus"),
             ));
         }
+        if let Some(g) = n.gpus.iter().find(|g| {
+            [&g.model, &g.unit].iter().any(|t| {
+                t.len() > MAX_DEVICE_NAME_BYTES || axle_policy::text::hidden_char(t).is_some()
+            })
+        }) {
+            return Err(refused(
+                format!(
+                    "GPU {} of node {:?} has a model or unit name ({:?}, {:?}) longer than \
+                     {MAX_DEVICE_NAME_BYTES} bytes or with characters that are not shown",
+                    g.index,
+                    n.name,
+                    axle_policy::text::printable(&g.model),
+                    axle_policy::text::printable(&g.unit)
+                ),
+                &format!("{field}.gpus"),
+            ));
+        }
+        if let Some(g) = n.gpus.iter().find(|g| {
+            g.memory_mb == 0
+                || (!g.unit.is_empty() && g.whole_memory_mb > 0 && g.memory_mb > g.whole_memory_mb)
+        }) {
+            return Err(refused(
+                format!(
+                    "GPU {} of node {:?} reports {} MiB of memory{}; every device has memory, \
+                     and a unit no more than its GPU",
+                    g.index,
+                    n.name,
+                    g.memory_mb,
+                    if g.whole_memory_mb > 0 {
+                        format!(" (its whole GPU {} MiB)", g.whole_memory_mb)
+                    } else {
+                        String::new()
+                    }
+                ),
+                &format!("{field}.gpus"),
+            ));
+        }
+        if shaped.is_none() {
+            check_bounds(&bounds, &r.cluster, n, &field)?;
+        }
         nodes.push(NodeRecord {
             name: n.name.clone(),
             gpus: n
@@ -173,9 +261,7 @@ pub fn check(policy: &Policy, r: &pb::Register) -> Result<Checked, HubError> {
             whole_only: n.whole_only,
         });
     }
-    if let Some(c) = declared
-        && !c.nodes.is_empty()
-    {
+    if let Some(c) = shaped {
         check_declared(c, &nodes)?;
     }
     Ok(Checked {
@@ -185,14 +271,78 @@ pub fn check(policy: &Policy, r: &pb::Register) -> Result<Checked, HubError> {
     })
 }
 
-/// Where the policy declares a cluster's nodes, the spoke reports only those
-/// models, no more GPUs of each than declared, and no more memory per GPU.
+/// Milli-GPUs of device `g`: a whole GPU is 1000, a unit its share.
+fn milli(g: &GpuRecord) -> u64 {
+    if g.unit.is_empty() {
+        1000
+    } else {
+        u64::from(g.share_milli)
+    }
+}
+
+/// Milli-GPUs of device `g` (a whole GPU or a unit).
+fn milli_of(g: &pb::Gpu) -> u64 {
+    if g.unit.is_empty() {
+        1000
+    } else {
+        u64::from(g.share_milli)
+    }
+}
+
+/// A node of a cluster whose shape the policy does not declare, within the
+/// Settings bounds.
+fn check_bounds(
+    b: &axle_policy::InventoryBounds,
+    cluster: &str,
+    n: &pb::Node,
+    field: &str,
+) -> Result<(), HubError> {
+    let gpus: u64 = n.gpus.iter().map(milli_of).sum();
+    if gpus > b.max_gpus_per_node * 1000 {
+        return Err(refused(
+            format!(
+                "node {:?} reports {} GPUs, more than Settings maxGpusPerNode ({}) allows on \
+                 cluster {cluster:?}, whose Cluster document declares no nodes",
+                n.name,
+                gpus as f64 / 1000.0,
+                b.max_gpus_per_node
+            ),
+            field,
+        ));
+    }
+    let most_mb = b.max_gpu_memory_gb * 1024;
+    if let Some(g) = n
+        .gpus
+        .iter()
+        .find(|g| g.memory_mb > most_mb || g.whole_memory_mb > most_mb)
+    {
+        return Err(refused(
+            format!(
+                "GPU {} of node {:?} reports {} MiB, more than Settings maxGpuMemoryGb ({} GB) \
+                 allows on cluster {cluster:?}, whose Cluster document declares no nodes",
+                g.index,
+                n.name,
+                g.memory_mb.max(g.whole_memory_mb),
+                b.max_gpu_memory_gb
+            ),
+            &format!("{field}.gpus"),
+        ));
+    }
+    Ok(())
+}
+
+/// Where the policy declares a cluster's nodes, every node has the shape of
+/// a declared group — its model, at most its GPUs per node, at most its
+/// memory per GPU — and the spoke reports no more GPUs of a model than
+/// declared.
 fn check_declared(c: &axle_policy::Cluster, nodes: &[NodeRecord]) -> Result<(), HubError> {
     let allowed = c.declared_gpus();
     let mut reported: BTreeMap<&str, u64> = BTreeMap::new();
     for (i, n) in nodes.iter().enumerate() {
+        let mut per_model: BTreeMap<&str, u64> = BTreeMap::new();
         for g in &n.gpus {
-            let Some(group) = c.nodes.iter().find(|d| d.gpu_model == g.model) else {
+            let groups: Vec<_> = c.nodes.iter().filter(|d| d.gpu_model == g.model).collect();
+            if groups.is_empty() {
                 return Err(refused(
                     format!(
                         "node {:?} reports a {} GPU; the policy's Cluster {:?} declares only {}",
@@ -203,27 +353,62 @@ fn check_declared(c: &axle_policy::Cluster, nodes: &[NodeRecord]) -> Result<(), 
                     ),
                     &format!("nodes[{i}].gpus"),
                 ));
+            }
+            let most_mb = groups
+                .iter()
+                .map(|d| d.gpu_memory_gb * 1024)
+                .max()
+                .unwrap_or(0);
+            let mb = if g.unit.is_empty() {
+                g.memory_mb
+            } else {
+                g.whole_memory_mb
             };
-            let most_mb = group.gpu_memory_gb * 1024;
-            if most_mb > 0 && g.memory_mb > most_mb {
+            if most_mb > 0 && mb > most_mb {
                 return Err(refused(
                     format!(
-                        "GPU {} of node {:?} reports {} MiB; the policy declares {} GPUs of {} GB",
-                        g.index, n.name, g.memory_mb, g.model, group.gpu_memory_gb
+                        "GPU {} of node {:?} reports {mb} MiB; the policy declares {} GPUs of {} GB",
+                        g.index,
+                        n.name,
+                        g.model,
+                        most_mb / 1024
                     ),
                     &format!("nodes[{i}].gpus"),
                 ));
             }
-            *reported.entry(g.model.as_str()).or_insert(0) += 1;
+            *per_model.entry(g.model.as_str()).or_insert(0) += milli(g);
+        }
+        for (model, got) in per_model {
+            let most = c
+                .nodes
+                .iter()
+                .filter(|d| d.gpu_model == model)
+                .map(|d| d.gpus_per_node)
+                .max()
+                .unwrap_or(0);
+            if got > most * 1000 {
+                return Err(refused(
+                    format!(
+                        "node {:?} reports {} {model} GPUs; the policy's Cluster {:?} declares \
+                         nodes of at most {most}",
+                        n.name,
+                        got as f64 / 1000.0,
+                        c.name
+                    ),
+                    &format!("nodes[{i}].gpus"),
+                ));
+            }
+            *reported.entry(model).or_insert(0) += got;
         }
     }
     for (model, n) in reported {
         let most = allowed.get(model).copied().unwrap_or(0);
-        if n > most {
+        if n > most * 1000 {
             return Err(refused(
                 format!(
-                    "the spoke reports {n} {model} GPUs; the policy's Cluster {:?} declares {most} \
+                    "the spoke reports {} {model} GPUs; the policy's Cluster {:?} declares {most} \
                      (add the nodes to its Cluster document first)",
+                    n as f64 / 1000.0,
                     c.name
                 ),
                 "nodes",
@@ -292,7 +477,11 @@ spec:
     }
 
     fn refusal(r: &pb::Register) -> String {
-        match check(&policy(), r) {
+        refusal_in(&policy(), r)
+    }
+
+    fn refusal_in(policy: &Policy, r: &pb::Register) -> String {
+        match check(policy, r) {
             Ok(c) => panic!("accepted: {c:?}"),
             Err(e) => e.to_string(),
         }
@@ -319,7 +508,7 @@ spec:
         let mut r = register("eu-1", "eu-west", vec![node("a", "H100", EIGHT)]);
         r.labels.insert("tier".into(), "dev".into());
         assert!(refusal(&r).contains("tier=dev"));
-        // A cluster the policy declares without nodes takes any inventory.
+        // A cluster the policy declares without nodes takes any model.
         let open = check(
             &policy(),
             &register("open", "", vec![node("a", "A100", EIGHT)]),
@@ -360,7 +549,7 @@ spec:
             .map(|i| node(&format!("n{i}"), "H100", EIGHT))
             .collect();
         let e = refusal(&register("eu-1", "", nodes));
-        assert!(e.contains("64 H100") && e.contains("declares 16"), "{e}");
+        assert!(e.contains("8 nodes") && e.contains("limit of 2"), "{e}");
         let e = refusal(&register("eu-1", "", vec![node("a", "B200", EIGHT)]));
         assert!(
             e.contains("B200") && e.contains("declares only H100"),
@@ -377,5 +566,88 @@ spec:
                 .len(),
             2
         );
+    }
+
+    fn nodes(n: usize, gpus: u32) -> Vec<pb::Node> {
+        let indices: Vec<u32> = (0..gpus).collect();
+        (0..n)
+            .map(|i| node(&format!("n{i}"), "H100", &indices))
+            .collect()
+    }
+
+    #[test]
+    fn every_node_has_the_shape_of_a_declared_group() {
+        // Observed on a declared cluster: one node of 16 GPUs, GPUs of 0 MB
+        // and zero nodes were accepted.
+        let e = refusal(&register("eu-1", "", nodes(1, 16)));
+        assert!(
+            e.contains("16 H100 GPUs") && e.contains("nodes of at most 8"),
+            "{e}"
+        );
+        let mut none = node("a", "H100", EIGHT);
+        none.gpus[2].memory_mb = 0;
+        let e = refusal(&register("eu-1", "", vec![none]));
+        assert!(e.contains("GPU 2") && e.contains("0 MiB"), "{e}");
+        let e = refusal(&register("eu-1", "", Vec::new()));
+        assert!(
+            e.contains("reports no nodes") && e.contains("declares 2"),
+            "{e}"
+        );
+        let e = refusal(&register("eu-1", "", nodes(3, 4)));
+        assert!(e.contains("3 nodes") && e.contains("limit of 2"), "{e}");
+        // MIG units count by their share: 6 whole GPUs and 14 units of 1/7.
+        let mut mig = node("a", "H100", &(0..20).collect::<Vec<_>>());
+        for g in &mut mig.gpus[6..] {
+            g.unit = "mig-1g.10gb".into();
+            g.share_milli = 142;
+            g.memory_mb = 9_856;
+            g.whole_memory_mb = 81_559;
+        }
+        assert!(check(&policy(), &register("eu-1", "", vec![mig.clone()])).is_ok());
+        mig.gpus[7].memory_mb = 90_000;
+        assert!(refusal(&register("eu-1", "", vec![mig])).contains("no more than its GPU"));
+    }
+
+    #[test]
+    fn a_cluster_without_declared_nodes_is_bounded_by_settings() {
+        // Observed: 100 nodes of 64 GPUs were accepted for a cluster whose
+        // policy lists no nodes, and a 16×8 gang placed on GPUs that do not
+        // exist.
+        let e = refusal(&register("open", "", nodes(100, 64)));
+        assert!(
+            e.contains("64 GPUs") && e.contains("maxGpusPerNode (16)"),
+            "{e}"
+        );
+        assert!(check(&policy(), &register("open", "", nodes(100, 16))).is_ok());
+        let mut huge = node("a", "H100", EIGHT);
+        huge.gpus[0].memory_mb = 300 * 1024;
+        let e = refusal(&register("open", "", vec![huge]));
+        assert!(e.contains("maxGpuMemoryGb (288 GB)"), "{e}");
+        let e = refusal(&register("open", "", nodes(MAX_NODES_PER_CLUSTER + 1, 1)));
+        assert!(
+            e.contains("limit of 10000") && e.contains("maxNodesPerCluster"),
+            "{e}"
+        );
+        let tight = format!(
+            "{POLICY}---\napiVersion: axle.dev/v1\nkind: Settings\nmetadata: {{name: s}}\n\
+             spec: {{maxNodesPerCluster: 2, maxGpusPerNode: 4, maxGpuMemoryGb: 40}}\n"
+        );
+        let tight = axle_policy::load_sources(&[("p.yaml".to_string(), tight)])
+            .expect("policy")
+            .policy;
+        assert!(refusal_in(&tight, &register("open", "", nodes(3, 1))).contains("limit of 2"));
+        assert!(refusal_in(&tight, &register("open", "", nodes(1, 5))).contains("(4)"));
+        assert!(refusal_in(&tight, &register("open", "", nodes(1, 1))).contains("(40 GB)"));
+    }
+
+    #[test]
+    fn names_are_printable_and_bounded() {
+        for bad in ["n\u{200B}1", "n\u{202E}1", "n\u{1b}]0;x\u{7}"] {
+            let e = refusal(&register("open", "", vec![node(bad, "H100", EIGHT)]));
+            assert!(e.contains("not shown as itself"), "{bad:?}: {e}");
+        }
+        let long = "H".repeat(MAX_DEVICE_NAME_BYTES + 1);
+        let e = refusal(&register("open", "", vec![node("a", &long, EIGHT)]));
+        assert!(e.contains("longer than 64 bytes"), "{e}");
     }
 }

@@ -40,7 +40,20 @@ pub(super) async fn load(
         entry.nodes = c.nodes;
         entry.driver = c.driver;
         entry.default_image = c.default_image;
+        entry.node_pages = c.node_pages;
         clusters.insert(c.name.clone(), entry);
+    }
+    // Pages in key order are pages in order; a page beyond its cluster's
+    // count (or of a cluster with no record) is left from an interrupted
+    // write of an older store and ignored.
+    for kv in store.range(CLUSTER_NODES).await? {
+        let p: NodePageRecord = serde_json::from_slice(&kv.value)
+            .map_err(|e| anyhow::anyhow!("corrupt record {}: {e}", kv.key))?;
+        if let Some(entry) = clusters.get_mut(&p.cluster)
+            && p.page < entry.node_pages
+        {
+            entry.nodes.extend(p.nodes);
+        }
     }
     add_declared_clusters(&policy, &mut clusters);
     let mut events = imbl::Vector::new();

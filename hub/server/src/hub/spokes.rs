@@ -189,6 +189,8 @@ pub(super) struct ClusterEntry {
     /// The spoke process of the open session (its `instance_id`): the one
     /// spoke that may replace the session before it is fenced (a reconnect).
     pub instance: String,
+    /// Pages of nodes stored for it ([`crate::records::NodePageRecord`]).
+    pub node_pages: u32,
 }
 
 impl ClusterEntry {
@@ -203,6 +205,7 @@ impl ClusterEntry {
             driver: String::new(),
             default_image: None,
             instance: String::new(),
+            node_pages: 0,
         }
     }
 
@@ -315,35 +318,55 @@ impl Inner {
             })?;
         }
         let checked = super::inventory::check(&self.policy, &r)?;
+        let pages = node_pages(&checked.nodes);
         let record = ClusterRecord {
             v: RECORD_VERSION,
             name: r.cluster.clone(),
             region: checked.region,
             labels: checked.labels,
-            nodes: checked.nodes,
+            nodes: Vec::new(),
             driver: r.driver.clone(),
             default_image: Some(r.default_image.clone()).filter(|i| !i.is_empty()),
+            node_pages: pages.len() as u32,
         };
         fx.put(cluster_key(&r.cluster), &record);
+        for (page, nodes) in pages.into_iter().enumerate() {
+            let page = page as u32;
+            fx.put(
+                node_page_key(&r.cluster, page),
+                &NodePageRecord {
+                    v: RECORD_VERSION,
+                    cluster: r.cluster.clone(),
+                    page,
+                    nodes,
+                },
+            );
+        }
         let entry = self
             .clusters
             .entry(r.cluster.clone())
             .or_insert_with(|| ClusterEntry::new(SpokeState::Declared, now));
+        for stale in record.node_pages..entry.node_pages {
+            fx.delete(node_page_key(&r.cluster, stale));
+        }
+        entry.node_pages = record.node_pages;
         entry.driver = record.driver.clone();
         entry.default_image = record.default_image.clone();
         entry.region = record.region.clone();
         entry.labels = record.labels.clone();
-        entry.nodes = record.nodes.clone();
+        entry.nodes = checked.nodes;
         entry.last_seen_ms = now;
         entry.instance = r.instance_id.clone();
         entry.unconfirmed.clear();
         entry.session = step(&entry.session, SpokeEvent::Register { conn, tx })
             .expect("a registration applies in every state");
-        let gpus: usize = record.nodes.iter().map(|n| n.gpus.len()).sum();
+        let nodes = &entry.nodes;
+        let gpus: usize = nodes.iter().map(|n| n.gpus.len()).sum();
+        let node_count = nodes.len();
+        let teams = crate::isolation::teams_for(&self.policy, nodes);
         info!(
-            "spoke {} registered: {} nodes, {gpus} GPUs",
-            r.cluster,
-            record.nodes.len()
+            "spoke {} registered: {node_count} nodes, {gpus} GPUs",
+            r.cluster
         );
         self.event(
             fx,
@@ -352,9 +375,8 @@ impl Inner {
             None,
             Some(&r.cluster),
             format!(
-                "spoke {} registered with {} nodes, {gpus} GPUs",
-                r.cluster,
-                record.nodes.len()
+                "spoke {} registered with {node_count} nodes, {gpus} GPUs",
+                r.cluster
             ),
         );
         // First on the new session's stream, and like everything else sent
@@ -369,7 +391,7 @@ impl Inner {
                     cluster: r.cluster.clone(),
                     heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS,
                     fence_after_ms: self.policy.settings.spoke_lost_after_s * 1000,
-                    teams: crate::isolation::teams_for(&self.policy, &record.nodes),
+                    teams,
                     priority_classes: crate::isolation::priority_classes(&self.policy),
                     max_log_bytes_per_workload: self.policy.settings.max_log_bytes_per_workload,
                 })),

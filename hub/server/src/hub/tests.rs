@@ -21,6 +21,12 @@ spec:
   nodes: [{count: 1, gpuModel: H100, gpusPerNode: 2}]
 ---
 apiVersion: axle.dev/v1
+kind: Cluster
+metadata: {name: open}
+spec:
+  region: test
+---
+apiVersion: axle.dev/v1
 kind: Team
 metadata: {name: vision}
 spec:
@@ -537,7 +543,7 @@ async fn reads_never_wait_for_the_applier() {
     // With the applier's lock held, every read still answers.
     let (items, _) = hub.read().list(&ListParams::default()).unwrap();
     assert!(items.is_empty());
-    assert_eq!(hub.read().cluster_views().len(), 1);
+    assert_eq!(hub.read().cluster_views().len(), 2);
     assert!(!hub.read().team_views().is_empty());
     assert!(hub.events_since(0, 10, None).await.unwrap().len() == 1);
 }
@@ -884,4 +890,90 @@ async fn finished_runs_give_the_next_run_of_their_kind_an_expected_runtime() {
         e.map(|e| e.basis),
         Some("3 earlier runs of `sweep-*`".into())
     );
+}
+
+/// A registration of cluster `open` (no nodes declared) with `nodes` nodes of
+/// eight H100, applied and committed.
+async fn register_big(core: &mut Core, nodes: usize, conn: u64, now: u64) {
+    let (tx, _rx) = mpsc::channel(64);
+    let (reply, _answer) = oneshot::channel();
+    let register = pb::Register {
+        cluster: "open".into(),
+        nodes: (0..nodes)
+            .map(|i| pb::Node {
+                name: format!("gpu-node-{i:05}.rack-{:03}.example.internal", i / 32),
+                gpus: (0..8)
+                    .map(|index| pb::Gpu {
+                        index,
+                        model: "H100".into(),
+                        memory_mb: 81_559,
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        instance_id: "big-spoke".into(),
+        ..Default::default()
+    };
+    core.apply(
+        Command::Register {
+            register,
+            peer: None,
+            conn,
+            tx,
+            reply,
+        },
+        now,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn ten_thousand_nodes_are_stored_in_pages_and_restored() {
+    // Observed: 3,000 nodes × 8 H100 made one cluster record of 1,720,992
+    // bytes, over the store's limit: the hub exited, and again at every
+    // restart as the spoke reconnected. `commit` fails the same way here.
+    let mut core = Core::new().await;
+    register_big(&mut core, 10_000, 7, T0).await;
+    assert_eq!(core.inner.clusters["open"].nodes.len(), 10_000);
+    let pages = core.inner.clusters["open"].node_pages;
+    assert!(pages > 1, "{pages} pages");
+    for kv in core
+        .store
+        .range(crate::records::CLUSTER_NODES)
+        .await
+        .unwrap()
+    {
+        assert!(kv.value.len() <= crate::records::NODE_PAGE_BYTES + 32 * 1024);
+    }
+    let restored = restore::load(core.store.as_ref(), Arc::new(policy()), T0)
+        .await
+        .expect("restores");
+    let big = &restored.clusters["open"];
+    assert_eq!(big.nodes.len(), 10_000);
+    assert_eq!(
+        big.nodes.iter().map(|n| n.gpus.len()).sum::<usize>(),
+        80_000
+    );
+    assert_eq!(
+        big.nodes[9_999].name,
+        core.inner.clusters["open"].nodes[9_999].name
+    );
+    // Fewer nodes at the next registration: the pages beyond are deleted.
+    register_big(&mut core, 3, 7, T0 + 1_000).await;
+    let left = core
+        .store
+        .range(crate::records::CLUSTER_NODES)
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 1, "one page for three nodes");
+    let restored = restore::load(core.store.as_ref(), Arc::new(policy()), T0)
+        .await
+        .expect("restores");
+    assert_eq!(restored.clusters["open"].nodes.len(), 3);
+    // One more than Settings maxNodesPerCluster (10,000 by default) is
+    // refused with a reason and changes nothing.
+    register_big(&mut core, 10_001, 8, T0 + 2_000).await;
+    assert_eq!(core.inner.clusters["open"].nodes.len(), 3);
 }

@@ -351,8 +351,11 @@ impl Inner {
                 format!("workload {id} re-queued: {why}"),
             );
         }
-        if self.clusters.remove(cluster).is_some() {
+        if let Some(c) = self.clusters.remove(cluster) {
             fx.delete(cluster_key(cluster));
+            for page in 0..c.node_pages {
+                fx.delete(node_page_key(cluster, page));
+            }
         }
         let certs: Vec<String> = self
             .spoke_certs
