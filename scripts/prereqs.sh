@@ -19,7 +19,9 @@ if [ "$what" = test ]; then
   # (with kustomize v5) keep it: Debian's package ships the same
   # /usr/bin/kubectl. etcd runs the store contract tests on a real etcd
   # (hub/server/tests/store_contract.rs).
-  PACKAGES+=("kubectl:kubernetes-client" "etcd:etcd-server")
+  # curl is the HTTP/2 client of the adversary suite (tests/e2e/adversary):
+  # it reports a stream reset where other clients hide it.
+  PACKAGES+=("kubectl:kubernetes-client" "etcd:etcd-server" "curl:curl")
 fi
 
 missing=()

@@ -233,13 +233,18 @@ impl UserSvc {
     fn caller<T>(
         &self,
         req: &Request<T>,
-    ) -> Result<(crate::auth::Identity, crate::rate::Admitted<'_>), Status> {
+    ) -> Result<(crate::auth::Identity, crate::rate::Call<'_>), Status> {
         let header = req
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok());
-        let view = self.hub.read();
+        let source = req.remote_addr().map(|a| a.ip());
         let now = self.hub.now_ms();
+        self.hub
+            .limiter
+            .check_source(source, now)
+            .map_err(status_of)?;
+        let view = self.hub.read();
         let who = crate::auth::authenticate(
             self.hub.config.auth,
             &view.tokens,
@@ -247,7 +252,11 @@ impl UserSvc {
             header,
             now,
         )
-        .map_err(status_of)?;
+        .map_err(|e| {
+            self.hub.limiter.failed(source, now);
+            status_of(e)
+        })?;
+        drop(view);
         let admitted = self.hub.limiter.admit(&who, now).map_err(status_of)?;
         Ok((who, admitted))
     }

@@ -202,18 +202,25 @@ pub(crate) fn err(e: HubError) -> Response {
 /// an [`Identity`], and a call without valid credentials gets 401 here.
 async fn authenticated(
     State(hub): State<Arc<Hub>>,
-    mut req: axum::extract::Request,
+    req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     if !req.uri().path().starts_with("/api/") {
         return next.run(req).await;
+    }
+    let source = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    let now = hub.now_ms();
+    if let Err(e) = hub.limiter.check_source(source, now) {
+        return early(req, err(e)).await;
     }
     let header = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     let view = hub.read();
-    let now = hub.now_ms();
     let who = match auth::authenticate(
         hub.config.auth,
         &view.tokens,
@@ -222,15 +229,113 @@ async fn authenticated(
         now,
     ) {
         Ok(who) => who,
-        Err(e) => return err(e),
+        Err(e) => {
+            drop(view);
+            hub.limiter.failed(source, now);
+            return early(req, err(e)).await;
+        }
     };
     drop(view);
-    let _admitted = match hub.limiter.admit(&who, now) {
+    // The user's own share first: while their body arrives, a slow sender
+    // holds only their slots, never the hub's.
+    let _user = match hub.limiter.admit_user(&who, now) {
+        Ok(a) => a,
+        Err(e) => return early(req, err(e)).await,
+    };
+    let mut req = match read_body(req).await {
+        Ok(req) => req,
+        Err(res) => return res,
+    };
+    let _call = match hub.limiter.admit_call() {
         Ok(a) => a,
         Err(e) => return err(e),
     };
     req.extensions_mut().insert(who);
     next.run(req).await
+}
+
+/// A request body must arrive whole within this time: a submit is a few KB
+/// and arrives in one packet; a body that trickles holds a call's slot.
+pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// At most this much of an unread body is read (within
+/// [`DRAIN_TIMEOUT`]) before an early answer (401, 413, 429), so an HTTP/2
+/// client gets the answer rather than a stream reset mid-upload.
+const DRAIN_BYTES: usize = 4 * MAX_BODY_BYTES;
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Answers `res` to `req` without serving it, after reading what is left
+/// of its body (bounded): over HTTP/2 an answer sent while the client
+/// still uploads is reset with the stream by some clients.
+async fn early(req: axum::extract::Request, res: Response) -> Response {
+    if req.version() == axum::http::Version::HTTP_2 {
+        let drain = axum::body::to_bytes(req.into_body(), DRAIN_BYTES);
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+    }
+    res
+}
+
+/// Reads `req`'s body whole (at most [`MAX_BODY_BYTES`], within
+/// [`BODY_READ_TIMEOUT`]) so no handler waits on a client while it holds a
+/// slot; the answer when it is too large or too slow.
+async fn read_body(req: axum::extract::Request) -> Result<axum::extract::Request, Response> {
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = || {
+        let mut r = http_err(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
+        );
+        close(&mut r);
+        r
+    };
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(early(req, too_large()).await);
+    }
+    let (parts, body) = req.into_parts();
+    match tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        axum::body::to_bytes(body, MAX_BODY_BYTES),
+    )
+    .await
+    {
+        Ok(Ok(bytes)) => Ok(axum::extract::Request::from_parts(
+            parts,
+            axum::body::Body::from(bytes),
+        )),
+        Ok(Err(e)) if format!("{e:?}").contains("LengthLimit") => Err(too_large()),
+        Ok(Err(e)) => {
+            let mut r = http_err(
+                StatusCode::BAD_REQUEST,
+                format!("the request body could not be read: {e}"),
+            );
+            close(&mut r);
+            Err(r)
+        }
+        Err(_) => {
+            let mut r = http_err(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} s; send it whole",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+            );
+            close(&mut r);
+            Err(r)
+        }
+    }
+}
+
+/// Says the connection ends after this answer: what is left of the body is
+/// never read, so the connection cannot carry another request.
+fn close(r: &mut Response) {
+    r.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
 }
 
 /// One hub on the embedded store: no replicas, it always leads. (Replicas on etcd

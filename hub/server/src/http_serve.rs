@@ -193,15 +193,19 @@ async fn connection<IO>(
     let epoch = Instant::now();
     let last = Arc::new(AtomicU64::new(0));
     let (count, last2) = (in_flight.clone(), last.clone());
-    let svc = tower::service_fn(move |req: axum::extract::Request<hyper::body::Incoming>| {
-        let guard = InFlight::new(count.clone(), last2.clone(), epoch);
-        let app = app.clone();
-        async move {
-            let res = tower::ServiceExt::oneshot(app, req.map(axum::body::Body::new)).await;
-            drop(guard);
-            res
-        }
-    });
+    let svc = tower::service_fn(
+        move |mut req: axum::extract::Request<hyper::body::Incoming>| {
+            let guard = InFlight::new(count.clone(), last2.clone(), epoch);
+            let app = app.clone();
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            async move {
+                let res = tower::ServiceExt::oneshot(app, req.map(axum::body::Body::new)).await;
+                drop(guard);
+                res
+            }
+        },
+    );
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

@@ -112,7 +112,8 @@ struct Args {
     #[arg(long, default_value_t = axle_hub::rate::DEFAULT_PER_USER_BURST,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     rate_burst_per_user: u32,
-    /// User calls in flight at once, all users together (beyond: 503 with Retry-After).
+    /// User calls in flight at once, all users together (beyond: 503 with
+    /// Retry-After); one user holds at most a sixteenth of them.
     #[arg(long, default_value_t = axle_hub::rate::DEFAULT_MAX_IN_FLIGHT as u64,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_calls_in_flight: u64,
