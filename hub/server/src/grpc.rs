@@ -143,8 +143,14 @@ impl pb::spoke_service_server::SpokeService for SpokeSvc {
 
 /// The SHA-256 fingerprint of the certificate the peer connected with (mTLS).
 fn peer_fingerprint<T>(req: &Request<T>) -> Option<String> {
-    req.peer_certs()
+    peer(req)
+        .and_then(|p| p.certs.as_ref())
         .and_then(|certs| certs.first().map(|c| crate::spoke_ca::sha256_hex(c)))
+}
+
+/// The connection a request came on (`grpc_serve.rs` puts it there).
+fn peer<T>(req: &Request<T>) -> Option<&crate::grpc_serve::GrpcPeer> {
+    req.extensions().get::<crate::grpc_serve::GrpcPeer>()
 }
 
 fn certificate_pb(c: crate::hub::IssuedCert) -> pb::SpokeCertificate {
@@ -238,7 +244,7 @@ impl UserSvc {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok());
-        let source = req.remote_addr().map(|a| a.ip());
+        let source = peer(req).map(|p| p.addr.ip());
         let now = self.hub.now_ms();
         self.hub
             .limiter

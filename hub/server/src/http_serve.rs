@@ -1,9 +1,11 @@
 //! Serving the HTTP API with limits on connections: at most
-//! `max_connections` open, each closed after `idle_timeout` without a
-//! request in flight (a client that sends half a header, or nothing, counts
-//! as idle) and after `header_read_timeout` without a whole header. When
-//! the limit is reached the oldest idle connection is closed to make room,
-//! so a flood of idle connections never locks out `/healthz` or a user.
+//! `max_connections` open and `max_per_source` from one address, each
+//! closed after `idle_timeout` without a request in flight (a client that
+//! sends half a header, or nothing, counts as idle) and after
+//! `header_read_timeout` without a whole header. When a limit is reached
+//! the oldest idle connection (of that source, for its limit) is closed to
+//! make room, so a flood of idle connections never locks out `/healthz` or
+//! a user.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -41,6 +43,7 @@ pub struct HttpLimits {
     pub max_connections: usize,
     pub idle_timeout: Duration,
     pub header_read_timeout: Duration,
+    pub max_per_source: usize,
 }
 
 impl Default for HttpLimits {
@@ -49,12 +52,14 @@ impl Default for HttpLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            max_per_source: crate::grpc_serve::DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
         }
     }
 }
 
 /// One open connection as the accept loop sees it.
 struct Conn {
+    ip: std::net::IpAddr,
     in_flight: Arc<AtomicUsize>,
     close: watch::Sender<bool>,
 }
@@ -83,14 +88,15 @@ impl Drop for InFlight {
     }
 }
 
-/// Closes the oldest connection with no request in flight; false if every
-/// connection is busy.
-fn evict_oldest_idle(conns: &Conns) -> bool {
+/// Closes the oldest connection with no request in flight (from `ip`
+/// when given); false if every such connection is busy.
+fn evict_oldest_idle(conns: &Conns, ip: Option<std::net::IpAddr>) -> bool {
     let conns = conns.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(c) = conns
-        .values()
-        .find(|c| c.in_flight.load(Ordering::SeqCst) == 0)
-    {
+    if let Some(c) = conns.values().find(|c| {
+        ip.is_none_or(|ip| c.ip == ip)
+            && c.in_flight.load(Ordering::SeqCst) == 0
+            && !*c.close.borrow()
+    }) {
         c.close.send_replace(true);
         true
     } else {
@@ -126,8 +132,20 @@ pub async fn serve(
             },
         };
         while tasks.try_join_next().is_some() {}
-        let open = conns.lock().unwrap_or_else(|p| p.into_inner()).len();
-        if open >= limits.max_connections && !evict_oldest_idle(&conns) {
+        let (open, from_source) = {
+            let c = conns.lock().unwrap_or_else(|p| p.into_inner());
+            (c.len(), c.values().filter(|c| c.ip == peer.ip()).count())
+        };
+        if from_source >= limits.max_per_source && !evict_oldest_idle(&conns, Some(peer.ip())) {
+            debug!(
+                "HTTP: {} holds {from_source} connections, all busy; refusing it (limit {})",
+                peer.ip(),
+                limits.max_per_source
+            );
+            drop(stream);
+            continue;
+        }
+        if open >= limits.max_connections && !evict_oldest_idle(&conns, None) {
             debug!(
                 "HTTP: {open} connections, all busy; refusing {peer} (limit {})",
                 limits.max_connections
@@ -142,6 +160,7 @@ pub async fn serve(
         conns.lock().unwrap_or_else(|p| p.into_inner()).insert(
             id,
             Conn {
+                ip: peer.ip(),
                 in_flight: in_flight.clone(),
                 close,
             },

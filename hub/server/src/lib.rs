@@ -7,6 +7,7 @@ pub mod auth;
 pub mod burst;
 pub mod dev;
 pub mod grpc;
+pub mod grpc_serve;
 pub mod ha;
 pub mod http;
 pub mod http_serve;

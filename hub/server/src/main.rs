@@ -137,6 +137,15 @@ struct Args {
     #[arg(long, default_value_t = axle_hub::http_serve::DEFAULT_HEADER_READ_TIMEOUT.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3_600))]
     http_header_timeout_s: u64,
+    /// Most open gRPC connections (spokes and the user API); at the limit
+    /// the oldest that never sent a request is closed.
+    #[arg(long, default_value_t = axle_hub::grpc_serve::DEFAULT_GRPC_MAX_CONNECTIONS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    grpc_max_connections: u64,
+    /// Most connections one source address may hold open, on each port.
+    #[arg(long, default_value_t = axle_hub::grpc_serve::DEFAULT_MAX_CONNECTIONS_PER_SOURCE as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_connections_per_source: u64,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -490,6 +499,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         max_connections: args.http_max_connections as usize,
         idle_timeout: std::time::Duration::from_secs(args.http_idle_timeout_s),
         header_read_timeout: std::time::Duration::from_secs(args.http_header_timeout_s),
+        max_per_source: args.max_connections_per_source as usize,
+    };
+    listeners.grpc_limits = axle_hub::grpc_serve::GrpcLimits {
+        max_connections: args.grpc_max_connections as usize,
+        max_per_source: args.max_connections_per_source as usize,
     };
     // SIGINT (Ctrl-C) or SIGTERM (systemd, kill) stop the hub gracefully.
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

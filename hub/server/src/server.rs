@@ -10,7 +10,6 @@ use anyhow::Context;
 use axle_policy::Policy;
 use axle_proto::pb;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tracing::info;
 
 use crate::grpc::{SpokeSvc, UserSvc};
@@ -34,6 +33,7 @@ pub struct Listeners {
     pub grpc: TcpListener,
     /// Limits on the HTTP API's connections.
     pub http_limits: HttpLimits,
+    pub grpc_limits: crate::grpc_serve::GrpcLimits,
     /// TLS on both listeners (`--tls-cert`, `--tls-key`); plaintext when `None`.
     pub tls: Option<crate::tls::ServerTls>,
     /// How user calls on them are authenticated. [`Listeners::bind`] leaves it
@@ -110,7 +110,7 @@ pub fn default_serving_names() -> Vec<String> {
 /// The TLS the listeners serve, once the spoke CA is known.
 pub(crate) struct Secured {
     pub http: Option<crate::tls::ServerTls>,
-    pub grpc: Option<tonic::transport::ServerTlsConfig>,
+    pub grpc: Option<Arc<rustls::ServerConfig>>,
     pub ca: Option<Arc<crate::spoke_ca::SpokeCa>>,
     pub cert_ttl_ms: u64,
 }
@@ -129,7 +129,11 @@ pub(crate) async fn secure(
     let Some(m) = &listeners.spoke_mtls else {
         return Ok(Secured {
             http: listeners.tls.clone(),
-            grpc: listeners.tls.as_ref().map(|t| t.grpc()),
+            grpc: listeners
+                .tls
+                .as_ref()
+                .map(|t| t.grpc_config(None))
+                .transpose()?,
             ca: None,
             cert_ttl_ms: 0,
         });
@@ -139,13 +143,11 @@ pub(crate) async fn secure(
         CaSource::Store => Arc::new(crate::spoke_ca::SpokeCa::load_or_create(store).await?),
     };
     let (chain, key) = ca.serving_cert(&m.names)?;
-    let grpc = tonic::transport::ServerTlsConfig::new()
-        .identity(tonic::transport::Identity::from_pem(&chain, &key))
-        .client_ca_root(tonic::transport::Certificate::from_pem(ca.cert_pem()))
-        .client_auth_optional(true);
+    let serving = crate::tls::ServerTls::from_pem(chain.into_bytes(), key.into_bytes())?;
+    let grpc = serving.grpc_config(Some(ca.cert_pem()))?;
     let http = match &listeners.tls {
         Some(t) => t.clone(),
-        None => crate::tls::ServerTls::from_pem(chain.into_bytes(), key.into_bytes())?,
+        None => serving,
     };
     let ca_file = data_dir.join(CA_CERT_FILE);
     if let Err(e) = std::fs::write(&ca_file, ca.cert_pem()) {
@@ -179,6 +181,7 @@ impl Listeners {
                 .await
                 .with_context(|| format!("cannot listen for gRPC on {grpc}"))?,
             http_limits: HttpLimits::default(),
+            grpc_limits: Default::default(),
             tls: None,
             auth: crate::auth::AuthMode::None,
             bootstrap_token: None,
@@ -199,18 +202,13 @@ impl Listeners {
     }
 }
 
-/// The gRPC server with the hub's keepalive and stream limits, and TLS when given.
-pub(crate) fn grpc_server(
-    tls: Option<tonic::transport::ServerTlsConfig>,
-) -> anyhow::Result<tonic::transport::Server> {
-    let mut server = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        server = server.tls_config(tls).context("TLS for gRPC")?;
-    }
-    Ok(server
+/// The gRPC server with the hub's keepalive and stream limits (TLS and
+/// connection limits are the listener's: [`crate::grpc_serve::incoming`]).
+pub(crate) fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
-        .max_concurrent_streams(Some(GRPC_MAX_STREAMS_PER_CONNECTION)))
+        .max_concurrent_streams(Some(GRPC_MAX_STREAMS_PER_CONNECTION))
 }
 
 /// The spoke session service of `hub`, with the message size limit.
@@ -313,12 +311,15 @@ pub async fn run_on(
             let _ = http_stop.wait_for(|s| *s).await;
         },
     );
-    let grpc = grpc_server(secured.grpc)?
+    let grpc = grpc_server()
         .add_service(spoke_service(hub.clone()))
         .add_service(user_service(hub))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), async move {
-            let _ = grpc_stop.wait_for(|s| *s).await;
-        });
+        .serve_with_incoming_shutdown(
+            crate::grpc_serve::incoming(listeners.grpc, secured.grpc, listeners.grpc_limits),
+            async move {
+                let _ = grpc_stop.wait_for(|s| *s).await;
+            },
+        );
     let servers = async {
         let http = async { http.await.context("HTTP server failed") };
         let grpc = async { grpc.await.context("gRPC server failed") };

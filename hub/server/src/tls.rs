@@ -91,11 +91,46 @@ impl ServerTls {
         tokio_rustls::TlsAcceptor::from(self.http.clone())
     }
 
-    /// The same certificate for tonic's gRPC server.
-    pub fn grpc(&self) -> tonic::transport::ServerTlsConfig {
-        tonic::transport::ServerTlsConfig::new().identity(tonic::transport::Identity::from_pem(
-            &self.cert_pem,
-            &self.key_pem,
-        ))
+    /// The same certificate for the gRPC listener (`grpc_serve.rs`): ALPN
+    /// h2 only; with `client_ca` (PEM), clients may present a certificate it
+    /// issued (spoke mTLS), and those without one are still served (users,
+    /// and spokes joining).
+    pub fn grpc_config(
+        &self,
+        client_ca: Option<&str>,
+    ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&self.cert_pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| anyhow::anyhow!("the certificate PEM: {e}"))?;
+        let key = PrivateKeyDer::from_pem_slice(&self.key_pem)
+            .map_err(|e| anyhow::anyhow!("the key PEM: {e}"))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .context("TLS protocol versions")?;
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(pem) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                    roots
+                        .add(c.map_err(|e| anyhow::anyhow!("the spoke CA PEM: {e}"))?)
+                        .context("the spoke CA certificate")?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .allow_unauthenticated()
+                .build()
+                .context("the spoke CA as a client verifier")?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut cfg = builder
+            .with_single_cert(chain, key)
+            .context("the key does not match the certificate")?;
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(cfg))
     }
 }

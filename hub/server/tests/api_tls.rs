@@ -143,6 +143,27 @@ async fn grpc_serves_tls_to_clients_that_trust_its_ca() {
     let _ = hub.stop.send(());
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_tls_handshake_on_the_grpc_port_is_closed() {
+    // Observed: the gRPC port took any connection and kept it; tonic's TLS
+    // handshake had no deadline.
+    let ca = TestCa::new("hub-ca");
+    let hub = tls_hub(&ca).await;
+    let t0 = std::time::Instant::now();
+    let mut s = tokio::net::TcpStream::connect(hub.grpc).await.unwrap();
+    // Half a TLS record header, then nothing.
+    s.write_all(&[0x16, 0x03]).await.unwrap();
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "still open after {:?}",
+        t0.elapsed()
+    );
+    assert!(t0.elapsed() >= Duration::from_secs(9), "{:?}", t0.elapsed());
+    let _ = hub.stop.send(());
+}
+
 #[test]
 fn a_certificate_and_key_that_do_not_match_are_refused_at_start() {
     let ca = TestCa::new("hub-ca");

@@ -56,6 +56,7 @@ async fn half_headers_and_idle_connections_are_closed() {
             max_connections: 4_096,
             idle_timeout: Duration::from_secs(2),
             header_read_timeout: Duration::from_secs(1),
+            max_per_source: 4_096,
         }),
         ..Default::default()
     })
@@ -94,6 +95,7 @@ async fn a_flood_of_idle_connections_does_not_lock_out_healthz() {
             max_connections: limit,
             idle_timeout: Duration::from_secs(600),
             header_read_timeout: Duration::from_secs(600),
+            max_per_source: 4_096,
         }),
         ..Default::default()
     })
@@ -116,5 +118,45 @@ async fn a_flood_of_idle_connections_does_not_lock_out_healthz() {
     }
     // The oldest idle connections were closed to make room.
     assert!(closed_within(&mut idle[0], Duration::from_secs(5)).await);
+    let _ = hub.stop.send(());
+}
+
+/// A connection to `to` from the loopback address `from` (127.0.0.0/8 is
+/// all loopback on Linux: each address is another source to the hub).
+pub async fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(format!("{from}:0").parse().expect("addr"))
+        .expect("bind a loopback source");
+    socket.connect(to).await.expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_source_holds_at_most_its_share_of_http_connections() {
+    let hub = common::start_hub(common::Options {
+        http_limits: Some(HttpLimits {
+            max_connections: 4_096,
+            idle_timeout: Duration::from_secs(600),
+            header_read_timeout: Duration::from_secs(600),
+            max_per_source: 32,
+        }),
+        ..Default::default()
+    })
+    .await;
+    let addr = hub.http;
+    wait_up(addr).await;
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        idle.push(connect_from("127.0.0.2", addr).await);
+    }
+    // The source's oldest idle connections made room for its newest.
+    let mut closed = 0;
+    for s in idle.iter_mut() {
+        if closed_within(s, Duration::from_millis(200)).await {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 100 - 32, "{closed} of 100 closed");
+    assert_eq!(healthz(addr).await.as_deref(), Ok("HTTP/1.1 200 OK"));
     let _ = hub.stop.send(());
 }

@@ -4,6 +4,7 @@
 //! and never runs a workload twice. Each scenario prints its figures
 //! (`adversary: …`), which the closing notes quote.
 
+mod connections;
 mod harness;
 mod inventory;
 mod slots;

@@ -10,7 +10,6 @@ use anyhow::Context as _;
 use arc_swap::ArcSwap;
 use axle_policy::Policy;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{info, warn};
 
 use super::election::{self, Leader, LeaseSession, ReplicaInfo};
@@ -151,12 +150,15 @@ pub async fn run(
             let _ = http_stop.wait_for(|s| *s).await;
         },
     );
-    let grpc = server::grpc_server(secured.grpc)?
+    let grpc = server::grpc_server()
         .add_service(GrpcSwitch::new(role.clone(), front::spoke_of))
         .add_service(GrpcSwitch::new(role.clone(), front::user_of))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), async move {
-            let _ = grpc_stop.wait_for(|s| *s).await;
-        });
+        .serve_with_incoming_shutdown(
+            crate::grpc_serve::incoming(listeners.grpc, secured.grpc, listeners.grpc_limits),
+            async move {
+                let _ = grpc_stop.wait_for(|s| *s).await;
+            },
+        );
     let servers = async {
         let http = async { http.await.context("HTTP server failed") };
         let grpc = async { grpc.await.context("gRPC server failed") };

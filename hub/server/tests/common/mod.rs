@@ -36,6 +36,7 @@ pub struct Options {
     pub policy: Option<Policy>,
     pub spoke_token: Option<String>,
     pub http_limits: Option<HttpLimits>,
+    pub grpc_limits: Option<axle_hub::grpc_serve::GrpcLimits>,
     /// TLS on both listeners.
     pub tls: Option<axle_hub::tls::ServerTls>,
     /// How user calls are authenticated (default: not at all).
@@ -60,6 +61,9 @@ pub async fn start_hub(o: Options) -> TestHub {
     .expect("bind");
     if let Some(limits) = o.http_limits {
         listeners.http_limits = limits;
+    }
+    if let Some(limits) = o.grpc_limits {
+        listeners.grpc_limits = limits;
     }
     listeners.tls = o.tls;
     if let Some(auth) = o.auth {
