@@ -24,9 +24,10 @@ pub const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(50);
 /// Grace period when neither `Stop` nor `Assign` sets one: Kubernetes'
 /// default `terminationGracePeriodSeconds`, which workloads already expect.
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
-/// Longest grace period honoured: bounds how long a stop (and the spoke's
-/// shutdown) can take.
-pub const MAX_GRACE_PERIOD: Duration = Duration::from_secs(3600);
+/// Longest grace period honoured: the policy's bound on
+/// `gracePeriodSeconds` (a day), so the spoke gives exactly the grace the
+/// hub counts on when it re-queues a lost spoke's work.
+pub const MAX_GRACE_PERIOD: Duration = Duration::from_secs(86_400);
 /// How often the driver's periodic work runs while it wants it.
 const DRIVER_TICK_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a shutting-down spoke tries to deliver its last statuses.
@@ -66,6 +67,8 @@ pub struct Agent<D: Driver> {
     fence_after: Duration,
     /// When the hub last acknowledged us (Registered or HeartbeatAck).
     last_ack: Instant,
+    /// The same confirmations, for the shims' leases (`lease.rs`).
+    lease: std::sync::Arc<crate::lease::Lease>,
     /// The workloads were stopped for lack of word from the hub; cleared by the next ack.
     fenced: bool,
     /// Connected, but the driver does not know its inventory yet:
@@ -85,12 +88,13 @@ pub fn new_instance_id() -> String {
     format!("{:x}-{:x}", std::process::id(), nanos)
 }
 
+/// The grace period a stop gets: what the hub sent (its class's
+/// `gracePeriodSeconds`, which may be 0: SIGKILL at once), at most
+/// [`MAX_GRACE_PERIOD`] — the policy's own bound, so the hub, which waits
+/// that grace before re-queueing a lost spoke's work, never waits less than
+/// the spoke really gives.
 pub(crate) fn resolve_grace(seconds: u64) -> Duration {
-    if seconds == 0 {
-        DEFAULT_GRACE_PERIOD
-    } else {
-        Duration::from_secs(seconds).min(MAX_GRACE_PERIOD)
-    }
+    Duration::from_secs(seconds).min(MAX_GRACE_PERIOD)
 }
 
 fn stop_reason_text(stop: &pb::Stop) -> String {
@@ -132,10 +136,17 @@ impl<D: Driver> Agent<D> {
             dropped_logs_reported: 0,
             fence_after: Duration::ZERO,
             last_ack: Instant::now(),
+            lease: Default::default(),
             fenced: false,
             register_due: false,
             interruption: None,
         }
+    }
+
+    /// Confirms `lease` whenever the hub acknowledges this spoke.
+    pub fn with_lease(mut self, lease: std::sync::Arc<crate::lease::Lease>) -> Self {
+        self.lease = lease;
+        self
     }
 
     /// Runs until `shutdown` resolves and every workload has stopped.
@@ -263,6 +274,7 @@ impl<D: Driver> Agent<D> {
                 Some(pb::hub_message::Msg::Stop(s)) => self.on_stop(&s),
                 Some(pb::hub_message::Msg::HeartbeatAck(_)) => {
                     self.last_ack = Instant::now();
+                    self.lease.confirm();
                     self.fenced = false;
                 }
                 None => tracing::debug!("empty hub message"),
@@ -280,6 +292,8 @@ impl<D: Driver> Agent<D> {
         crate::logs::set_max_log_file_bytes(registered.max_log_bytes_per_workload);
         self.fence_after = Duration::from_millis(registered.fence_after_ms);
         self.last_ack = Instant::now();
+        self.lease.set_fence_after(self.fence_after);
+        self.lease.confirm();
         self.fenced = false;
         self.heartbeat_every = match registered.heartbeat_interval_ms {
             0 => DEFAULT_HEARTBEAT_INTERVAL,
@@ -500,5 +514,21 @@ impl<D: Driver> Agent<D> {
                 Ok(Some(_)) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grace_period_is_the_one_the_hub_sent() {
+        // Observed: `gracePeriodSeconds: 0` was read as "default 30 s",
+        // while the hub re-queued a lost spoke's work after lost + 0 + 2 s.
+        assert_eq!(resolve_grace(0), Duration::ZERO);
+        assert_eq!(resolve_grace(45), Duration::from_secs(45));
+        // The policy allows a day; so does the spoke.
+        assert_eq!(resolve_grace(86_400), Duration::from_secs(86_400));
+        assert_eq!(resolve_grace(u64::MAX), MAX_GRACE_PERIOD);
     }
 }

@@ -13,6 +13,7 @@ pub mod driver;
 mod event;
 mod gpu_class;
 pub mod identity;
+pub mod lease;
 mod logs;
 mod outbox;
 mod session;
@@ -178,15 +179,18 @@ pub async fn run_with(
         .map(|endpoint| tokio::spawn(spot::watch(endpoint, events_tx.clone())));
     let result = match config.driver.clone() {
         DriverConfig::Local => {
+            let lease = std::sync::Arc::new(lease::Lease::default());
             let driver = driver::local::LocalDriver::new(
                 config.nodes.clone(),
                 driver::local::DriverCtx {
                     shim_exe,
                     data_dir: config.data_dir.clone(),
                     events: events_tx,
+                    lease: lease.clone(),
                 },
             );
             agent::Agent::new(config, driver)
+                .with_lease(lease)
                 .run(inputs_rx, events_rx, shutdown)
                 .await
         }

@@ -538,6 +538,12 @@ impl SpokeProc {
         self.proc_.pid()
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to the spoke agent alone (its
+    /// workloads run in process groups of their own).
+    pub fn signal(&self, signal: &str) {
+        self.proc_.signal(signal);
+    }
+
     /// SIGKILL the spoke (and reap it).
     pub fn kill9(&mut self) {
         self.proc_.kill9();

@@ -6,5 +6,6 @@
 
 mod connections;
 mod harness;
+mod hung;
 mod inventory;
 mod slots;

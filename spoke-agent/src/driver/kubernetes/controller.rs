@@ -219,6 +219,10 @@ pub struct Controller {
     opts: ControllerOptions,
     shared: Arc<Mutex<Shared>>,
     events: mpsc::Sender<Event>,
+    /// Started and Finished to tell the agent, sent (waiting for room) at
+    /// the end of each pass: dropped, the hub could re-queue a run that
+    /// succeeded. At most two per run.
+    outgoing: Vec<Event>,
     nodes: Store<Node>,
     jobs: Store<Job>,
     pods: Store<Pod>,
@@ -315,6 +319,7 @@ impl Controller {
             opts,
             shared,
             events,
+            outgoing: Vec::new(),
             nodes,
             jobs,
             pods,
@@ -371,6 +376,14 @@ impl Controller {
                     if self.nodes_ready && self.jobs_ready {
                         self.pass(&limit, &done_tx, &mut calls).await;
                     }
+                }
+            }
+            // Waits for room rather than dropping: the agent reads events
+            // in its loop and never waits on this controller (commands are
+            // try_send), so this cannot deadlock.
+            for e in std::mem::take(&mut self.outgoing) {
+                if self.events.send(e).await.is_err() {
+                    return;
                 }
             }
         }
@@ -587,7 +600,7 @@ impl Controller {
             }
         }
         self.log_writers.remove(&run);
-        let _ = self.events.try_send(Event::Finished(status));
+        self.outgoing.push(Event::Finished(status));
     }
 
     async fn pass(
@@ -661,7 +674,7 @@ impl Controller {
                     });
                 }
                 Action::Started { run } => {
-                    let _ = self.events.try_send(Event::Started {
+                    self.outgoing.push(Event::Started {
                         workload_id: run.0,
                         epoch: run.1,
                     });

@@ -42,6 +42,8 @@ pub struct DriverCtx {
     pub shim_exe: PathBuf,
     pub data_dir: PathBuf,
     pub events: mpsc::Sender<Event>,
+    /// Renewed to every shim while the hub confirms this spoke.
+    pub lease: std::sync::Arc<crate::lease::Lease>,
 }
 
 /// A workload whose processes may be alive.

@@ -1,13 +1,16 @@
 //! The process shim that ties every workload replica's life to the spoke's.
 //!
 //! The spoke starts each replica as
-//! `<spoke exe> __axle_shim <grace_s> [--signal SIGUSR1] -- <command…>`
+//! `<spoke exe> __axle_shim <grace_s> [--signal SIGUSR1] [--lease-ms N] -- <command…>`
 //! in a new process group, with stdin a pipe whose write end only the spoke
 //! holds. When the spoke dies for any reason (even SIGKILL), the kernel closes
 //! that pipe; the shim sees EOF and takes the whole group down (SIGTERM, then
 //! SIGKILL after the grace period), so a workload never outlives its spoke and
-//! never runs twice after the hub re-queues it elsewhere. This needs no unsafe
-//! code: no `pre_exec`, no `prctl(PR_SET_PDEATHSIG)`.
+//! never runs twice after the hub re-queues it elsewhere. With `--lease-ms`,
+//! the spoke also writes a byte at least every N ms while the hub confirms
+//! it (`lease.rs`); silence for N ms — a hung spoke (SIGSTOP), or one the hub
+//! no longer confirms — takes the group down the same way. This needs no
+//! unsafe code: no `pre_exec`, no `prctl(PR_SET_PDEATHSIG)`.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -64,26 +67,44 @@ struct ShimArgs {
     /// What the group gets when the spoke is gone: the workload's checkpoint
     /// signal, else SIGTERM.
     stop_signal: Signal,
+    /// Longest silence on stdin before the shim acts as if the spoke were gone.
+    lease: Option<Duration>,
     command: Vec<String>,
 }
 
 impl ShimArgs {
-    /// `<grace_s> [--signal <SIG>] -- <command…>`
+    /// `<grace_s> [--signal <SIG>] [--lease-ms <N>] -- <command…>`
     fn parse(args: &[String]) -> Result<ShimArgs, String> {
-        let usage = "usage: __axle_shim <grace_s> [--signal SIGNAL] -- <command> [args…]";
-        let (grace_text, stop_signal, rest) = match args {
-            [g, flag, sig, rest @ ..] if flag == "--signal" => {
-                let sig: Signal = sig
-                    .parse()
-                    .map_err(|_| format!("unknown signal {sig:?}; {usage}"))?;
-                if matches!(sig, Signal::SIGKILL | Signal::SIGSTOP) {
-                    return Err(format!("{sig} cannot be caught; {usage}"));
-                }
-                (g, sig, rest)
-            }
-            [g, rest @ ..] => (g, Signal::SIGTERM, rest),
-            [] => return Err(usage.into()),
+        let usage =
+            "usage: __axle_shim <grace_s> [--signal SIGNAL] [--lease-ms N] -- <command> [args…]";
+        let [grace_text, rest @ ..] = args else {
+            return Err(usage.into());
         };
+        let mut rest: &[String] = rest;
+        let mut stop_signal = Signal::SIGTERM;
+        let mut lease = None;
+        loop {
+            match rest {
+                [flag, sig, more @ ..] if flag == "--signal" => {
+                    let sig: Signal = sig
+                        .parse()
+                        .map_err(|_| format!("unknown signal {sig:?}; {usage}"))?;
+                    if matches!(sig, Signal::SIGKILL | Signal::SIGSTOP) {
+                        return Err(format!("{sig} cannot be caught; {usage}"));
+                    }
+                    stop_signal = sig;
+                    rest = more;
+                }
+                [flag, ms, more @ ..] if flag == "--lease-ms" => {
+                    let ms: u64 = ms.parse().ok().filter(|&ms| ms > 0).ok_or_else(|| {
+                        format!("--lease-ms {ms:?} is not a positive number; {usage}")
+                    })?;
+                    lease = Some(Duration::from_millis(ms));
+                    rest = more;
+                }
+                _ => break,
+            }
+        }
         let [dashes, command @ ..] = rest else {
             return Err(usage.into());
         };
@@ -96,6 +117,7 @@ impl ShimArgs {
         Ok(ShimArgs {
             grace: Duration::from_secs(grace_s),
             stop_signal,
+            lease,
             command: command.to_vec(),
         })
     }
@@ -184,10 +206,26 @@ async fn run_shim(args: ShimArgs) -> i32 {
             .map(|r| tokio::spawn(relay(r, tokio::io::stderr()))),
     ];
     let mut stdin = tokio::io::stdin();
+    let lease = args.lease;
     let stdin_closed = async move {
         let mut buf = [0u8; STDIN_BUF_BYTES];
         loop {
-            match stdin.read(&mut buf).await {
+            let read = stdin.read(&mut buf);
+            let got = match lease {
+                Some(ttl) => match tokio::time::timeout(ttl, read).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        eprintln!(
+                            "axle-shim: no word from the spoke for {} ms (hung, or the hub no \
+                             longer confirms it); stopping the workload",
+                            ttl.as_millis()
+                        );
+                        return;
+                    }
+                },
+                None => read.await,
+            };
+            match got {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             }
@@ -283,14 +321,34 @@ mod tests {
             Ok(ShimArgs {
                 grace: Duration::from_secs(5),
                 stop_signal: Signal::SIGTERM,
+                lease: None,
                 command: strings(&["sh", "-c", "true"])
             })
         );
+        assert_eq!(
+            ShimArgs::parse(&strings(&[
+                "0",
+                "--lease-ms",
+                "1500",
+                "--signal",
+                "SIGUSR1",
+                "--",
+                "run"
+            ])),
+            Ok(ShimArgs {
+                grace: Duration::ZERO,
+                stop_signal: Signal::SIGUSR1,
+                lease: Some(Duration::from_millis(1500)),
+                command: strings(&["run"])
+            })
+        );
+        assert!(ShimArgs::parse(&strings(&["5", "--lease-ms", "0", "--", "run"])).is_err());
         assert_eq!(
             ShimArgs::parse(&strings(&["5", "--signal", "SIGUSR1", "--", "run"])),
             Ok(ShimArgs {
                 grace: Duration::from_secs(5),
                 stop_signal: Signal::SIGUSR1,
+                lease: None,
                 command: strings(&["run"])
             })
         );

@@ -14,6 +14,7 @@ use axle_proto::pb;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+use tokio::io::AsyncWriteExt as _;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -37,6 +38,8 @@ pub const LOG_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 pub const SHIM_READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Stand-in deadline for timers that are off.
 const FAR_FUTURE: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Longest a lease renewal may wait to be written to one shim.
+const RENEW_WRITE_TIMEOUT: Duration = Duration::from_millis(50);
 /// Highest signal number Linux uses, to recognise `128 + signal` exit codes.
 const MAX_SIGNAL: i32 = 64;
 
@@ -279,8 +282,10 @@ async fn run_workload(
     let multi = assign.replicas.len() > 1;
     let mut pumps = JoinSet::new();
     let mut waits = JoinSet::new();
-    // Held, never written: closing them tells the shims the spoke is gone.
+    // Written one byte per renewal of the lease (`lease.rs`); closing them
+    // tells the shims the spoke is gone.
     let mut stdins = Vec::new();
+    let lease_ttl = ctx.lease.ttl();
     // Replica index → process group of the replicas still running.
     let mut live: BTreeMap<usize, i32> = BTreeMap::new();
     let mut ending: Option<Ending> = None;
@@ -293,6 +298,9 @@ async fn run_workload(
         cmd.arg(SHIM_ARG).arg(grace.as_secs().to_string());
         if term != Signal::SIGTERM {
             cmd.arg("--signal").arg(term.as_str());
+        }
+        if let Some(ttl) = lease_ttl {
+            cmd.arg("--lease-ms").arg(ttl.as_millis().to_string());
         }
         cmd.arg("--")
             .args(&assign.command)
@@ -382,6 +390,8 @@ async fn run_workload(
         .then(|| Instant::now().checked_add(Duration::from_secs(assign.max_runtime_s)))
         .flatten();
     let far = Instant::now() + FAR_FUTURE;
+    let mut renew = tokio::time::interval(crate::lease::LEASE_RENEW_EVERY);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stop_open = true;
     let mut cancelled = false;
     while !waits.is_empty() {
@@ -440,6 +450,17 @@ async fn run_workload(
                 }
                 // A second request may only shorten the grace.
                 kill_at = Some(kill_at.map_or(deadline, |k| k.min(deadline)));
+            }
+            _ = renew.tick(), if lease_ttl.is_some() => {
+                // Only while the hub confirms us: once it stops, the shims
+                // stop their workloads by themselves (the agent may be hung).
+                if ctx.lease.renewable() {
+                    for stdin in &mut stdins {
+                        // A shim reads at once; one that does not is hung or
+                        // gone, and its write must not hold the others.
+                        let _ = tokio::time::timeout(RENEW_WRITE_TIMEOUT, stdin.write_all(b".")).await;
+                    }
+                }
             }
             () = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() => {
                 for pgid in live.values() {
