@@ -72,6 +72,43 @@ pub enum ClientError {
     /// An answer that is not what the API promises (wrong JSON shape).
     #[error("unexpected answer from the hub to {what}: {reason}")]
     Protocol { what: String, reason: String },
+    /// A token would cross the network in clear text.
+    #[error(
+        "refusing to send your API token in clear text to {url}: use its https:// address \
+         (or set {INSECURE_HTTP_ENV}=1 on a network you trust)"
+    )]
+    Insecure { url: String },
+}
+
+/// Set to `1`, the CLI sends tokens over plain `http://` to hosts other
+/// than this machine (a lab network you trust).
+pub const INSECURE_HTTP_ENV: &str = "AXLE_INSECURE_HTTP";
+
+/// Most redirects followed for one call: a follower sends a call to the
+/// leader (one hop); more means replicas disagree about who leads.
+const MAX_REDIRECTS: usize = 3;
+
+/// Whether a token may go to `url`: over TLS, or to this machine.
+fn safe_for_token(url: &Url) -> bool {
+    if url.scheme() == "https" {
+        return true;
+    }
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Same scheme, host and port.
+fn same_origin(a: &Url, b: &Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
 }
 
 /// `error` plus `(field: x)` when the hub names the field at fault.
@@ -178,6 +215,10 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     })
 }
 
+fn insecure_allowed() -> bool {
+    std::env::var(INSECURE_HTTP_ENV).is_ok_and(|v| v == "1")
+}
+
 /// Parses one hub URL, with a path that ends in '/'.
 fn parse_base(base: &str) -> anyhow::Result<Url> {
     let mut url =
@@ -228,6 +269,8 @@ impl Client {
             }
         }
         let http = builder
+            // Redirects are followed by `execute_following`, with the token.
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
@@ -277,7 +320,7 @@ impl Client {
             let Some(mut r) = req.take() else { break };
             let spare = if k + 1 < n { r.try_clone() } else { None };
             *r.url_mut() = self.rebase(r.url(), i);
-            match self.http.execute(r).await {
+            match self.execute_following(r).await {
                 Ok(resp) => {
                     self.current.store(i, Ordering::Relaxed);
                     return Ok(resp);
@@ -290,6 +333,42 @@ impl Client {
             }
         }
         unreachable!("the loop returns on its last address")
+    }
+
+    /// Executes `req`, following a replica's redirect (307/308) to
+    /// another of the hub addresses given (or the same origin) with the
+    /// same method, body and credentials — reqwest would drop
+    /// `Authorization` on a redirect to another port. A redirect elsewhere
+    /// is returned as the answer, never followed with the token.
+    async fn execute_following(
+        &self,
+        mut req: reqwest::Request,
+    ) -> Result<reqwest::Response, reqwest::Error> {
+        let mut hops = 0;
+        loop {
+            let again = req.try_clone();
+            let from = req.url().clone();
+            let resp = self.http.execute(req).await?;
+            let redirect = matches!(
+                resp.status(),
+                StatusCode::TEMPORARY_REDIRECT | StatusCode::PERMANENT_REDIRECT
+            );
+            let target = resp
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .and_then(|l| from.join(l).ok())
+                .filter(|t| same_origin(t, &from) || self.bases.iter().any(|b| same_origin(b, t)))
+                .filter(|t| self.token.is_none() || safe_for_token(t) || insecure_allowed());
+            match (redirect, target, again) {
+                (true, Some(target), Some(mut again)) if hops < MAX_REDIRECTS => {
+                    hops += 1;
+                    *again.url_mut() = target;
+                    req = again;
+                }
+                _ => return Ok(resp),
+            }
+        }
     }
 
     fn url(&self, path: &str, query: &[(&str, String)]) -> Url {
@@ -355,6 +434,14 @@ impl Client {
             req = req.bearer_auth(t);
         }
         let mut req = req.build().map_err(unreachable)?;
+        if self.token.is_some() && !insecure_allowed() {
+            // Every address the call may go to, not only the first.
+            if let Some(b) = self.bases.iter().find(|b| !safe_for_token(b)) {
+                return Err(ClientError::Insecure {
+                    url: b.as_str().trim_end_matches('/').to_string(),
+                });
+            }
+        }
         let mut backoff = throttle_backoff();
         let resp = loop {
             let again = req.try_clone();
@@ -650,6 +737,99 @@ fn continue_of(body: &[u8]) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    /// A one-request-per-connection HTTP server on loopback that answers
+    /// with `answer(request head)`; returns its address.
+    async fn serve(answer: fn(&str, u16) -> String) -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = vec![0u8; 8192];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).to_lowercase();
+                let reply = answer(&head, addr.port());
+                let _ = s.write_all(reply.as_bytes()).await;
+            }
+        });
+        addr
+    }
+
+    fn json_reply(status: &str, body: &str) -> String {
+        format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    #[tokio::test]
+    async fn a_followers_redirect_to_the_leader_keeps_the_token() {
+        // Observed: `axle --hub https://follower,https://leader get workloads`
+        // failed with "no credentials": the redirect to the leader's port
+        // dropped Authorization.
+        let leader = serve(|head, _| {
+            if head.contains("authorization: bearer axle_t") {
+                json_reply("200 OK", r#"{"user":"alice"}"#)
+            } else {
+                json_reply("401 Unauthorized", r#"{"error":"no credentials"}"#)
+            }
+        })
+        .await;
+        static LEADER: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+        LEADER.set(leader.port()).unwrap();
+        let follower = serve(|_, _| {
+            format!(
+                "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://127.0.0.1:{}/api/v1/whoami\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                LEADER.get().unwrap()
+            )
+        })
+        .await;
+        let hubs = format!("http://{follower},http://{leader}");
+        let c = Client::with_ca(&hubs, None)
+            .unwrap()
+            .with_token(Some("axle_t".into()));
+        let me = c.whoami().await.expect("followed with the token");
+        assert_eq!(me["user"], "alice");
+        // A redirect to an address not given is not followed with the token.
+        let c = Client::with_ca(&format!("http://{follower}"), None)
+            .unwrap()
+            .with_token(Some("axle_t".into()));
+        assert!(c.whoami().await.is_err());
+    }
+
+    #[test]
+    fn tokens_go_over_tls_or_to_this_machine_only() {
+        // Observed: the CLI sent `Bearer axle_…` over plain http:// to a
+        // listener on another host without a word.
+        let ok = [
+            "https://hub.example",
+            "http://127.0.0.1:7070",
+            "http://localhost:1",
+            "http://[::1]:7070",
+        ];
+        for u in ok {
+            assert!(safe_for_token(&Url::parse(u).unwrap()), "{u}");
+        }
+        for u in [
+            "http://10.0.1.1:7070",
+            "http://hub.example",
+            "http://127.0.0.1.example",
+        ] {
+            assert!(!safe_for_token(&Url::parse(u).unwrap()), "{u}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_token_for_a_plain_http_remote_hub_is_refused_before_sending() {
+        let c = Client::with_ca("http://10.255.255.1:7070", None)
+            .unwrap()
+            .with_token(Some("axle_secret".into()));
+        match c.whoami().await {
+            Err(ClientError::Insecure { url }) => assert_eq!(url, "http://10.255.255.1:7070"),
+            other => panic!("{other:?}"),
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -17,7 +17,7 @@ impl ClientError {
     /// 1 when the hub refused the request; 3 when it cannot be reached or failed.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ClientError::Refused { .. } => REFUSED_OR_FAILED,
+            ClientError::Refused { .. } | ClientError::Insecure { .. } => REFUSED_OR_FAILED,
             ClientError::Unreachable { .. }
             | ClientError::Server { .. }
             | ClientError::Protocol { .. } => HUB_UNAVAILABLE,
