@@ -59,20 +59,7 @@ pub struct Row {
 /// sequences, newlines, NUL) written as `\u{1b}`, `\n`, … so a name or a
 /// reason can neither break the table nor drive the terminal.
 pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.chars().any(char::is_control) {
-        s.chars()
-            .map(|c| {
-                if c.is_control() {
-                    c.escape_default().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect::<String>()
-            .into()
-    } else {
-        s.into()
-    }
+    axle_policy::text::printable(s)
 }
 
 /// Cuts `s` to at most `max_chars` characters, ending in '…' when cut.

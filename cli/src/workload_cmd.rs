@@ -240,7 +240,12 @@ pub async fn describe(client: &Client, cmd: DescribeCommand) -> anyhow::Result<E
     let w = client.workload(id).await?;
     match output {
         Some(format) => print!("{}", to_text(&w, format)?),
-        None => print!("{}", describe_workload(&w, now_ms())),
+        // Arguments, node names and messages are shown, never obeyed by
+        // the terminal (escape sequences, bidi overrides).
+        None => print!(
+            "{}",
+            axle_policy::text::for_terminal(&describe_workload(&w, now_ms()))
+        ),
     }
     Ok(ExitCode::SUCCESS)
 }

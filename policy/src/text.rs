@@ -50,6 +50,24 @@ pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Text for a terminal, lines kept: like [`printable`], but newlines and
+/// tabs stay what they are (a multi-line description keeps its layout).
+pub fn for_terminal(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(|c| is_hidden(c) && c != '\n' && c != '\t') {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    s.split('\n')
+        .map(|line| {
+            line.split('\t')
+                .map(|part| printable(part).into_owned())
+                .collect::<Vec<_>>()
+                .join("\t")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        .into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +82,9 @@ mod tests {
         assert_eq!(printable("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
         assert_eq!(printable("x\u{202E}y\nz"), "x\\u{202e}y\\nz");
         assert_eq!(printable("plain"), "plain");
+        assert_eq!(
+            for_terminal("a\tb\nc\u{1b}]0;t\u{7}\n"),
+            "a\tb\nc\\u{1b}]0;t\\u{7}\n"
+        );
     }
 }

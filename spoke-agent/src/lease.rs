@@ -3,12 +3,13 @@
 //! `HeartbeatAck`; each running replica's shim must hear a renewal (a byte
 //! on its stdin) within its [`Lease::ttl`], and the supervisor renews only
 //! while the last confirmation is recent enough that the shim's deadline
-//! falls no later than the agent's own self-fence (`fence_after` after the
-//! last confirmation). So when the agent hangs (SIGSTOP, a stuck runtime),
-//! the shims stop their workloads by themselves at the moment the agent
-//! would have — and the hub, which re-queues a lost spoke's work only
-//! `spokeLostAfterSeconds` + grace + a margin after its last heartbeat,
-//! never sees the old run alive beside the new one.
+//! falls at most [`LEASE_AFTER_FENCE`] after the agent's own self-fence
+//! (`fence_after` after the last confirmation). So a live agent cut off
+//! from the hub stops its workloads itself (they are re-queued), and when
+//! the agent hangs (SIGSTOP, a stuck runtime) the shims stop them a moment
+//! later — before the hub, which re-queues a lost spoke's work only
+//! `spokeLostAfterSeconds` + grace + a margin of two heartbeats after its
+//! last heartbeat, runs them elsewhere.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -23,6 +24,12 @@ pub const LEASE_TTL: Duration = Duration::from_secs(2);
 /// How often the supervisor renews: a quarter of the TTL, so three renewals
 /// can go missing before a shim acts.
 pub const LEASE_RENEW_EVERY: Duration = Duration::from_millis(500);
+
+/// A shim's deadline falls this long after the agent's own self-fence, so a
+/// live agent always stops its workloads first (reported `Stopped`, and
+/// re-queued), and the shims act only for an agent that cannot. Below the
+/// hub's margin (`FENCE_MARGIN_MS`, two heartbeats) before it re-queues.
+pub const LEASE_AFTER_FENCE: Duration = Duration::from_secs(1);
 
 /// Shared between the agent (which confirms) and the supervisors (which renew).
 #[derive(Debug)]
@@ -72,14 +79,15 @@ impl Lease {
     }
 
     /// Whether a renewal may go out now: the last confirmation is recent
-    /// enough that a shim's deadline (now + TTL) is within `fence_after` of it.
+    /// enough that a shim's deadline (now + TTL) falls at most
+    /// [`LEASE_AFTER_FENCE`] after the self-fence (`fence_after` after it).
     pub fn renewable(&self) -> bool {
         let fence = self.fence_after_ms.load(Ordering::SeqCst);
         let Some(ttl) = self.ttl() else { return true };
         let since = self
             .now_ms()
             .saturating_sub(self.confirmed_ms.load(Ordering::SeqCst));
-        since + (ttl.as_millis() as u64) < fence
+        since + (ttl.as_millis() as u64) < fence + LEASE_AFTER_FENCE.as_millis() as u64
     }
 }
 
@@ -95,10 +103,13 @@ mod tests {
         l.confirm();
         assert_eq!(l.ttl(), Some(Duration::from_millis(1500)));
         assert!(l.renewable());
-        tokio::time::advance(Duration::from_millis(1400)).await;
-        assert!(l.renewable(), "1.4 s + 1.5 s < 3 s");
+        tokio::time::advance(Duration::from_millis(2400)).await;
+        assert!(l.renewable(), "2.4 s + 1.5 s < 3 s + 1 s");
         tokio::time::advance(Duration::from_millis(200)).await;
-        assert!(!l.renewable(), "a renewal now would outlive the fence");
+        assert!(
+            !l.renewable(),
+            "a renewal now would outlive the fence by more than 1 s"
+        );
         l.confirm();
         assert!(l.renewable());
         l.set_fence_after(Duration::from_secs(30));

@@ -370,7 +370,7 @@ pub fn check_user(user: &str) -> Result<(), HubError> {
     if user.is_empty()
         || user.len() > MAX_USER_BYTES
         || user.trim() != user
-        || user.chars().any(char::is_control)
+        || axle_policy::text::hidden_char(user).is_some()
     {
         return Err(HubError::bad(
             format!(

@@ -81,6 +81,13 @@ pub fn router(hub: Arc<Hub>) -> Router {
 /// make the hub parse.
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 
+/// Most request headers: what common servers accept (100); a client never
+/// needs more than a dozen.
+pub const MAX_HEADERS: usize = 100;
+/// Most bytes of request headers (names and values): a token and a few
+/// cookies fit many times; more only costs the hub memory.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
 async fn bounded_uri(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if len > MAX_URI_BYTES {
@@ -88,6 +95,24 @@ async fn bounded_uri(req: axum::extract::Request, next: axum::middleware::Next) 
             StatusCode::URI_TOO_LONG,
             format!("the request URI is {len} bytes long; at most {MAX_URI_BYTES} are served"),
         );
+    }
+    let headers = req.headers();
+    let bytes: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len())
+        .sum();
+    if headers.len() > MAX_HEADERS || bytes > MAX_HEADER_BYTES {
+        // Observed: the parser's own 431 was not JSON.
+        let mut r = http_err(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!(
+                "the request has {} headers of {bytes} bytes; at most {MAX_HEADERS} headers \
+                 of {MAX_HEADER_BYTES} bytes are served",
+                headers.len()
+            ),
+        );
+        close(&mut r);
+        return r;
     }
     next.run(req).await
 }
@@ -378,21 +403,41 @@ fn parse_id(s: &str) -> Result<u64, HubError> {
     })
 }
 
+/// Decodes a JSON request body; a refusal names the field at fault
+/// (`gpus`, `command[2]`) and shows `example`.
+pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    what: &str,
+    example: &str,
+) -> Result<T, HubError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = (path != ".").then_some(path);
+        let inner = e.into_inner();
+        let at = field
+            .as_deref()
+            .map(|f| format!("{f}: "))
+            .unwrap_or_default();
+        HubError::bad(
+            format!("malformed {what}: {at}{inner}; expected JSON like {example}"),
+            field.as_deref(),
+        )
+    })
+}
+
 async fn submit(
     State(hub): State<Arc<Hub>>,
     axum::Extension(who): axum::Extension<Identity>,
     body: Bytes,
 ) -> Response {
-    let req: SubmitRequest = match serde_json::from_slice(&body) {
+    let req: SubmitRequest = match parse_body(
+        &body,
+        "submit request",
+        r#"{"team":"vision","gpus":1,"command":["python","train.py"]}"#,
+    ) {
         Ok(r) => r,
-        Err(e) => {
-            return err(HubError::bad(
-                format!(
-                    "malformed submit request: {e}; expected JSON like {{\"team\":\"vision\",\"gpus\":1,\"command\":[\"python\",\"train.py\"]}}"
-                ),
-                None,
-            ));
-        }
+        Err(e) => return err(e),
     };
     let (reply, rx) = oneshot::channel();
     if let Err(e) = hub.send(Command::Submit(req, who, reply)).await {
@@ -594,6 +639,18 @@ async fn get_logs(
         Some(w) => (w.epoch, w.state.is_terminal()),
         None => return err(HubError::NotFound(format!("workload {id} not found"))),
     };
+    if q.offset > logs::MAX_LOG_OFFSET {
+        // Observed: 2^64−1 was accepted (and answered with an empty page).
+        return err(HubError::bad(
+            format!(
+                "offset {} is beyond the largest log Axle keeps ({} bytes); use the \
+                 next_offset of the last page",
+                q.offset,
+                logs::MAX_LOG_OFFSET
+            ),
+            Some("offset"),
+        ));
+    }
     let start = match q.since_ms {
         Some(ms) => logs::Start::Since(ms),
         None => logs::Start::Offset(q.offset),

@@ -32,6 +32,11 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// A request header must arrive whole within this time: real clients send
 /// it in one packet; slow-header clients hold connections hostage.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Headers hyper's parser takes at most (the API allows `http::MAX_HEADERS`).
+const PARSER_MAX_HEADERS: usize = 1_000;
+/// Bytes of a request head hyper's parser buffers at most (the API allows
+/// `http::MAX_HEADER_BYTES`).
+const PARSER_MAX_BUF_BYTES: usize = 256 * 1024;
 /// After an accept error (e.g. out of file descriptors) the listener waits
 /// this long before trying again, instead of spinning.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
@@ -229,7 +234,15 @@ async fn connection<IO>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
+        .header_read_timeout(limits.header_read_timeout)
+        // Above the API's own bounds (`http::MAX_HEADERS`,
+        // `http::MAX_HEADER_BYTES`), so the API answers them in JSON; only a
+        // request past these gets the parser's bare 431.
+        .max_headers(PARSER_MAX_HEADERS)
+        .max_buf_size(PARSER_MAX_BUF_BYTES);
+    builder
+        .http2()
+        .max_header_list_size(PARSER_MAX_BUF_BYTES as u32);
     let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc));
     tokio::pin!(conn);
     let mut tick = tokio::time::interval(limits.idle_timeout.min(Duration::from_secs(1)));

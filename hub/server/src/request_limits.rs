@@ -65,11 +65,16 @@ fn name(field: &str, s: &str) -> Result<(), ShapeError> {
             format!("{field} is {n} characters long; at most {MAX_NAME_CHARS} are allowed"),
         ));
     }
-    if let Some(c) = s.chars().find(|c| c.is_control()) {
+    if let Some(c) = axle_policy::text::hidden_char(s) {
+        let what = if c.is_control() {
+            "the control character"
+        } else {
+            "the invisible character"
+        };
         return Err(fault(
             field,
             format!(
-                "{field} \"{}\" contains the control character {}; names are printable text",
+                "{field} \"{}\" contains {what} {}; names are printable text that reads as it is",
                 shown(s),
                 c.escape_unicode()
             ),
@@ -257,6 +262,14 @@ mod tests {
         let mut r = ok();
         r.name = Some("x".repeat(MAX_NAME_CHARS));
         assert_eq!(check(&r), Ok(()));
+        // Observed: `d2\u{200B}-victim` (a zero-width space) and U+202E were
+        // accepted and printed so that they looked like other names.
+        for bad in ["d2\u{200B}-victim", "abc\u{202E}gpj", "x\u{FEFF}"] {
+            let mut r = ok();
+            r.name = Some(bad.into());
+            let e = check(&r).unwrap_err();
+            assert!(e.message.contains("invisible character"), "{}", e.message);
+        }
         // Observed: control characters and NUL were accepted.
         for bad in ["a\u{1b}[31mred", "tab\there", "nul\0byte", "new\nline"] {
             let mut r = ok();

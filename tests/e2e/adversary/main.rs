@@ -7,5 +7,7 @@
 mod connections;
 mod harness;
 mod hung;
+mod input;
 mod inventory;
+mod replicas;
 mod slots;

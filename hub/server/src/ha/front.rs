@@ -64,6 +64,42 @@ pub(super) struct Front {
     pub me: ReplicaInfo,
     /// This replica's mirror revision while it follows (0: cold).
     pub warm: Arc<AtomicU64>,
+    /// How callers of `/api/v1/hubs` prove who they are (the hub's own).
+    pub auth: crate::auth::AuthMode,
+    pub oidc: Option<Arc<crate::oidc::Oidc>>,
+}
+
+impl Front {
+    /// The caller of a request this replica answers itself: its API token
+    /// is read from etcd (a follower has no hub of its own), an ID token
+    /// checked against the issuer's keys.
+    async fn authenticate(
+        &self,
+        headers: &axum::http::HeaderMap,
+    ) -> Result<(), crate::hub::HubError> {
+        let authorization = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let mut tokens = std::collections::BTreeMap::new();
+        let bare = authorization.map(|a| {
+            a.trim_start_matches("Bearer ")
+                .trim_start_matches("bearer ")
+                .trim()
+        });
+        if self.auth != crate::auth::AuthMode::None
+            && let Some((id, _)) = bare.and_then(crate::auth::parse)
+            && let Ok(Some(kv)) =
+                crate::store::Store::get(self.store.as_ref(), &crate::records::token_key(id)).await
+            && let Ok(t) = serde_json::from_slice::<crate::auth::TokenRecord>(&kv.value)
+        {
+            tokens.insert(id.to_string(), t);
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        crate::auth::authenticate(self.auth, &tokens, self.oidc.as_deref(), authorization, now)
+            .map(|_| ())
+    }
 }
 
 pub(super) fn router(front: Front) -> Router {
@@ -112,7 +148,11 @@ async fn readyz(State(f): State<Front>) -> Response {
     }
 }
 
-async fn hubs(State(f): State<Front>) -> Response {
+async fn hubs(State(f): State<Front>, headers: axum::http::HeaderMap) -> Response {
+    // Observed: the replicas' addresses and terms answered without a token.
+    if let Err(e) = f.authenticate(&headers).await {
+        return crate::http::err(e);
+    }
     let role = f.role.load_full();
     let leader = role.leader().cloned();
     let state = match &*role {

@@ -140,6 +140,8 @@ pub async fn run(
         store: store.clone(),
         me,
         warm,
+        auth: listeners.auth,
+        oidc: listeners.oidc.clone(),
     });
     let http = crate::http_serve::serve(
         listeners.http,

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::{err, json};
 use crate::auth::{self, Action, Identity};
-use crate::hub::{Command, Hub, HubError};
+use crate::hub::{Command, Hub};
 
 /// `GET /api/v1/whoami`: the caller, and what they may do.
 pub(super) async fn whoami(
@@ -94,17 +94,11 @@ pub(super) async fn create_token(
     axum::Extension(who): axum::Extension<Identity>,
     body: Bytes,
 ) -> Response {
-    let req: TokenRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            return err(HubError::bad(
-                format!(
-                    "malformed token request: {e}; expected JSON like {{\"user\":\"alice\",\"ttl_s\":86400}}"
-                ),
-                None,
-            ));
-        }
-    };
+    let req: TokenRequest =
+        match super::parse_body(&body, "token request", r#"{"user":"alice","ttl_s":86400}"#) {
+            Ok(r) => r,
+            Err(e) => return err(e),
+        };
     let made = hub
         .ask(|reply| Command::CreateToken {
             user: req.user,
@@ -146,16 +140,9 @@ pub(super) async fn create_join_token(
     let req: JoinTokenRequest = if body.iter().all(u8::is_ascii_whitespace) {
         JoinTokenRequest { ttl_s: 0 }
     } else {
-        match serde_json::from_slice(&body) {
+        match super::parse_body(&body, "join token request", r#"{"ttl_s":3600}"#) {
             Ok(r) => r,
-            Err(e) => {
-                return err(HubError::bad(
-                    format!(
-                        "malformed join token request: {e}; expected JSON like {{\"ttl_s\":3600}}"
-                    ),
-                    None,
-                ));
-            }
+            Err(e) => return err(e),
         }
     };
     let made = hub

@@ -12,14 +12,40 @@ use super::snapshot::spec_of;
 use super::workloads::transition;
 use crate::lifecycle::{WEvent, WState};
 
+/// Most bytes of a spoke's message about a workload kept (in its history
+/// and events): a reason and a traceback's last line fit; the workload's
+/// log holds the rest.
+pub const MAX_STATUS_MESSAGE_BYTES: usize = 2048;
+
+/// `message` as the hub keeps it: hidden characters escaped (it is shown
+/// on terminals) and at most [`MAX_STATUS_MESSAGE_BYTES`], saying what was cut.
+pub(super) fn bounded_message(message: &str) -> String {
+    let shown = axle_policy::text::printable(message);
+    if shown.len() <= MAX_STATUS_MESSAGE_BYTES {
+        return shown.into_owned();
+    }
+    let mut end = MAX_STATUS_MESSAGE_BYTES;
+    while !shown.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}… [{} more bytes; see the workload's logs]",
+        &shown[..end],
+        shown.len() - end
+    )
+}
+
 impl Inner {
     pub(super) fn status(
         &mut self,
         cluster: &str,
-        s: pb::WorkloadStatus,
+        mut s: pb::WorkloadStatus,
         fx: &mut Effects,
         now: u64,
     ) {
+        // Observed: a 1 MiB failure message was stored in the history and
+        // events, and `describe` printed it whole.
+        s.message = bounded_message(&s.message);
         let id = s.workload_id;
         let phase = pb::Phase::try_from(s.phase).unwrap_or(pb::Phase::Unspecified);
         let Some(w) = self.workloads.get(&id) else {
@@ -250,5 +276,29 @@ impl Inner {
             (false, _) => ("requeued", format!("workload {id} {reason}")),
         };
         self.event(fx, now, kind, Some(id), Some(cluster), message);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spokes_message_is_bounded_and_printable() {
+        let huge = "x".repeat(1 << 20);
+        let kept = bounded_message(&huge);
+        assert!(kept.len() < MAX_STATUS_MESSAGE_BYTES + 64, "{}", kept.len());
+        assert!(
+            kept.ends_with("[1046528 more bytes; see the workload's logs]"),
+            "{kept}"
+        );
+        assert_eq!(
+            bounded_message("oom\u{1b}]0;pwned\u{7}"),
+            "oom\\u{1b}]0;pwned\\u{7}"
+        );
+        assert_eq!(bounded_message("exit 1"), "exit 1");
+        // Cut on a character boundary.
+        let wide = "é".repeat(3000);
+        assert!(bounded_message(&wide).starts_with("é"));
     }
 }

@@ -454,7 +454,8 @@ async fn run_workload(
             _ = renew.tick(), if lease_ttl.is_some() => {
                 // Only while the hub confirms us: once it stops, the shims
                 // stop their workloads by themselves (the agent may be hung).
-                if ctx.lease.renewable() {
+                // A stop under way is the supervisor's to finish.
+                if ending.is_some() || ctx.lease.renewable() {
                     for stdin in &mut stdins {
                         // A shim reads at once; one that does not is hung or
                         // gone, and its write must not hold the others.
