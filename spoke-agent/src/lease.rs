@@ -91,6 +91,30 @@ impl Lease {
     }
 }
 
+impl Lease {
+    /// How long from now a run may last without another confirmation: the
+    /// self-fence plus [`LEASE_AFTER_FENCE`], less the time since the last
+    /// one (`None` when the hub does not fence). A Kubernetes Job's
+    /// `activeDeadlineSeconds` is kept within it.
+    pub fn expires_in(&self) -> Option<Duration> {
+        let fence = self.fence_after_ms.load(Ordering::SeqCst);
+        if fence == 0 {
+            return None;
+        }
+        let since = self
+            .now_ms()
+            .saturating_sub(self.confirmed_ms.load(Ordering::SeqCst));
+        Some(Duration::from_millis(
+            (fence + LEASE_AFTER_FENCE.as_millis() as u64).saturating_sub(since),
+        ))
+    }
+
+    /// The hub's self-fencing time (zero: none).
+    pub fn fence_after(&self) -> Duration {
+        Duration::from_millis(self.fence_after_ms.load(Ordering::SeqCst))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +136,9 @@ mod tests {
         );
         l.confirm();
         assert!(l.renewable());
+        assert_eq!(l.expires_in(), Some(Duration::from_secs(4)));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(l.expires_in(), Some(Duration::ZERO));
         l.set_fence_after(Duration::from_secs(30));
         assert_eq!(l.ttl(), Some(LEASE_TTL));
     }

@@ -195,6 +195,7 @@ pub async fn run_with(
                 .await
         }
         DriverConfig::Kubernetes(k) => {
+            let lease = std::sync::Arc::new(lease::Lease::default());
             let client = kube_client(&k).await?;
             let opts = driver::kubernetes::controller::ControllerOptions {
                 manifest: driver::kubernetes::manifest::ManifestOptions {
@@ -210,9 +211,11 @@ pub async fn run_with(
                 },
                 member_subject: k.member_subject.clone(),
                 data_dir: config.data_dir.clone(),
+                lease: lease.clone(),
             };
             let driver = driver::kubernetes::KubeDriver::start(client, opts, events_tx);
             agent::Agent::new(config, driver)
+                .with_lease(lease)
                 .run(inputs_rx, events_rx, shutdown)
                 .await
         }

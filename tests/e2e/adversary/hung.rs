@@ -106,3 +106,113 @@ async fn a_hung_agents_workloads_stop_before_they_run_elsewhere() {
         victims.len()
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_kubernetes_agents_jobs_end_before_the_hub_requeues_them() {
+    use axle_e2e::kube::{KubeEnv, gpu_node, label};
+    let env = KubeEnv::start(
+        &["kube"],
+        "k8s",
+        vec![gpu_node(
+            "gpu-a",
+            "NVIDIA-H100-80GB-HBM3",
+            8,
+            &[("nvidia.com/gpu", "8")],
+        )],
+        &[],
+    )
+    .await;
+    let api = env.api();
+    let w = api
+        .submit_ok(&request("vision", 1.0, vec!["sleep".into(), "600".into()]))
+        .await;
+    let pods = env.wait_pods(w.id, w.epoch, 1).await;
+    env.run_pods(&pods);
+    api.wait_state(w.id, "Running", Duration::from_secs(30))
+        .await;
+    let job = env.jobs_of(w.id).remove(0);
+    let deadline = |j: &k8s_openapi::api::batch::v1::Job| {
+        j.spec.as_ref().and_then(|s| s.active_deadline_seconds)
+    };
+    // The Job's deadline is the lease's (spokeLostAfterSeconds 15 + 1 s),
+    // extended while the hub confirms the spoke.
+    assert!(
+        deadline(&job).is_some_and(|d| d <= 16),
+        "{:?}",
+        deadline(&job)
+    );
+    let first = deadline(&job).unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "the deadline to be extended",
+        || {
+            let j = env.jobs_of(w.id).remove(0);
+            async move {
+                match deadline(&j) {
+                    Some(d) if d > first => Ok(()),
+                    d => Err(format!("{d:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    // Observed for local spokes: a hung agent's work ran twice at once.
+    // Here the agent freezes; its Job must end by its deadline before the
+    // hub re-queues the workload.
+    let t0 = Instant::now();
+    env.spoke.signal("STOP");
+    let ended = wait_until(
+        Duration::from_secs(60),
+        "the Job to end by its deadline",
+        || {
+            let j = env.jobs_of(w.id).remove(0);
+            let live = env
+                .pods_of(w.id)
+                .iter()
+                .filter(|p| label(&p.metadata, "axle.dev/epoch") == Some(w.epoch.to_string()))
+                .count();
+            async move {
+                let failed = j
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| {
+                        c.iter().any(|c| {
+                            c.type_ == "Failed" && c.reason.as_deref() == Some("DeadlineExceeded")
+                        })
+                    });
+                if failed && live == 0 {
+                    Ok(Instant::now())
+                } else {
+                    Err(format!("failed {failed}, {live} pods"))
+                }
+            }
+        },
+    )
+    .await;
+    let requeued = wait_until(Duration::from_secs(60), "the hub to re-queue it", || {
+        let api = api.clone();
+        async move {
+            let now = api.workload(w.id).await;
+            if now.epoch > w.epoch || now.state == "Pending" {
+                Ok(Instant::now())
+            } else {
+                Err(now.state)
+            }
+        }
+    })
+    .await;
+    env.spoke.signal("CONT");
+    assert!(
+        ended < requeued,
+        "the Job ended {:?} after the freeze, the hub re-queued at {:?}",
+        ended - t0,
+        requeued - t0
+    );
+    eprintln!(
+        "adversary: kubernetes agent frozen: its Job ended by its deadline {:?} after, the hub \
+         re-queued the workload {:?} after; 0 overlapping runs",
+        ended - t0,
+        requeued - t0
+    );
+}

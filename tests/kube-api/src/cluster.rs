@@ -136,6 +136,38 @@ impl Cluster {
         r
     }
 
+    /// Syncs every unfinished Job with an `activeDeadlineSeconds`: the Job
+    /// controller's delayed requeue at the deadline, so a deadline passes
+    /// even when nothing else touches the Job.
+    pub(crate) fn sync_deadlines(&self) {
+        let due: Vec<(String, String)> = self.read(|s| {
+            s.iter_kind(Kind::Job, None)
+                .filter_map(|o| match o {
+                    Object::Job(j) => Some(j),
+                    _ => None,
+                })
+                .filter(|j| {
+                    j.spec
+                        .as_ref()
+                        .is_some_and(|sp| sp.active_deadline_seconds.is_some())
+                })
+                .filter(|j| {
+                    !j.status.as_ref().is_some_and(|st| {
+                        st.conditions.as_ref().is_some_and(|c| {
+                            c.iter().any(|c| {
+                                (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True"
+                            })
+                        })
+                    })
+                })
+                .filter_map(|j| Some((j.metadata.namespace.clone()?, j.metadata.name.clone()?)))
+                .collect()
+        });
+        if !due.is_empty() {
+            self.write(|s| s.jobs_to_sync.extend(due));
+        }
+    }
+
     /// Runs a read.
     pub(crate) fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
         f(&self.lock())

@@ -54,6 +54,9 @@ const BIND_RETRY_MS: u64 = 5_000;
 /// waiting (they are broken on purpose, so this is only a backstop).
 const STOP_WAIT_MS: u64 = 5_000;
 
+/// How often the Job controller looks for passed `activeDeadlineSeconds`.
+const DEADLINE_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// A running test API server. Dropping it stops it (without waiting).
 pub struct KubeTestServer {
     addr: SocketAddr,
@@ -93,6 +96,18 @@ impl KubeTestServer {
             cluster: cluster.clone(),
             shutdown: stopped.clone(),
         };
+        // The Job controller's timer: deadlines pass on their own.
+        let timer = cluster.clone();
+        let mut timer_stop = stopped.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(DEADLINE_CHECK_EVERY);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => timer.sync_deadlines(),
+                    _ = timer_stop.wait_for(|stopped| *stopped) => return,
+                }
+            }
+        });
         let mut signal = stopped;
         let task = tokio::spawn(async move {
             let serve =

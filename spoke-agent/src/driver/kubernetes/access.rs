@@ -23,8 +23,9 @@ pub const API_ACCESS: &[Access] = &[
     Access {
         group: "batch",
         resource: "jobs",
-        verbs: &["create", "delete", "list", "watch"],
-        why: "one Indexed Job per assignment, deleted at stop or preemption",
+        verbs: &["create", "delete", "list", "patch", "watch"],
+        why: "one Indexed Job per assignment, deleted at stop or preemption; its deadline \
+              extended while the hub confirms the spoke",
     },
     Access {
         group: "",

@@ -90,7 +90,18 @@ pub struct ControllerOptions {
     pub member_subject: String,
     /// Workload logs also go to `<data_dir>/logs/<id>-<epoch>.log`.
     pub data_dir: PathBuf,
+    /// While the hub confirms this spoke, every Job's
+    /// `activeDeadlineSeconds` is extended; when it stops (the agent hung
+    /// or cut off), the Jobs end by themselves (`lease.rs`).
+    pub lease: Arc<crate::lease::Lease>,
 }
+
+/// How often Jobs' deadlines are looked at (and extended where due).
+const DEADLINE_EVERY: Duration = Duration::from_secs(1);
+
+/// Annotation saying what bounds a Job's `activeDeadlineSeconds`: `lease`
+/// (the spoke renews it) or `max-runtime` (the workload's own limit).
+pub const DEADLINE_ANNOTATION: &str = "axle.dev/deadline";
 
 /// A failed call is tried again after this long while the API server is
 /// unreachable or overloaded (connection refused, 429, 5xx); a refusal
@@ -223,6 +234,9 @@ pub struct Controller {
     /// the end of each pass: dropped, the hub could re-queue a run that
     /// succeeded. At most two per run.
     outgoing: Vec<Event>,
+    /// Jobs whose deadline was just extended (namespace, name) and when,
+    /// so one extension is in flight per Job at a time.
+    extended: BTreeMap<(String, String), tokio::time::Instant>,
     nodes: Store<Node>,
     jobs: Store<Job>,
     pods: Store<Pod>,
@@ -320,6 +334,7 @@ impl Controller {
             shared,
             events,
             outgoing: Vec::new(),
+            extended: BTreeMap::new(),
             nodes,
             jobs,
             pods,
@@ -355,6 +370,8 @@ impl Controller {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut resync = tokio::time::interval(ISOLATION_RESYNC);
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut deadlines = tokio::time::interval(DEADLINE_EVERY);
+        deadlines.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
                 cmd = commands.recv() => match cmd {
@@ -370,6 +387,7 @@ impl Controller {
                 Some(done) = done_rx.recv() => { self.done(done); dirty = true; }
                 Some(_) = calls.join_next(), if !calls.is_empty() => {}
                 _ = resync.tick() => { self.teams_applied = false; dirty = true; }
+                _ = deadlines.tick(), if self.jobs_ready => self.extend_deadlines(&limit, &mut calls),
                 _ = tick.tick(), if dirty => {
                     dirty = false;
                     self.publish_nodes();
@@ -603,6 +621,118 @@ impl Controller {
         self.outgoing.push(Event::Finished(status));
     }
 
+    /// A new Job's deadline: at most what the lease allows from now (the
+    /// agent extends it while the hub confirms this spoke).
+    fn bound_deadline(&self, job: &mut Job) {
+        let Some(left) = self.opts.lease.expires_in() else {
+            return;
+        };
+        let Some(spec) = job.spec.as_mut() else {
+            return;
+        };
+        let lease_s = (left.as_secs() as i64).max(1);
+        let by_lease = spec.active_deadline_seconds.is_none_or(|max| lease_s < max);
+        if by_lease {
+            spec.active_deadline_seconds = Some(lease_s);
+        }
+        job.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                DEADLINE_ANNOTATION.into(),
+                if by_lease { "lease" } else { "max-runtime" }.into(),
+            );
+    }
+
+    /// Extends the deadline of every running Job of a wanted run whose
+    /// deadline is the lease's and comes within half the fence time, to
+    /// what the lease allows from now (never past its max runtime).
+    fn extend_deadlines(&mut self, limit: &Arc<Semaphore>, calls: &mut JoinSet<()>) {
+        let Some(left) = self.opts.lease.expires_in() else {
+            return;
+        };
+        if left.is_zero() {
+            return; // not confirmed: the Jobs end by themselves
+        }
+        let fence = self.opts.lease.fence_after();
+        let now = jiff::Timestamp::now();
+        self.extended
+            .retain(|_, at| at.elapsed() < DEADLINE_EVERY * 5);
+        for j in self.jobs.state() {
+            let Some((id, epoch)) = run_of(j.metadata.labels.as_ref()) else {
+                continue;
+            };
+            let Some(want) = self.wants.get(&id).filter(|w| w.epoch == epoch) else {
+                continue;
+            };
+            let by_lease = j
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DEADLINE_ANNOTATION))
+                .is_some_and(|v| v == "lease");
+            let (Some(spec), Some(status)) = (j.spec.as_ref(), j.status.as_ref()) else {
+                continue;
+            };
+            let finished = status.completion_time.is_some()
+                || status
+                    .conditions
+                    .as_ref()
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Failed" && c.status == "True"));
+            let (Some(start), Some(current)) =
+                (status.start_time.as_ref(), spec.active_deadline_seconds)
+            else {
+                continue;
+            };
+            if !by_lease || finished {
+                continue;
+            }
+            let key = (
+                j.metadata.namespace.clone().unwrap_or_default(),
+                j.metadata.name.clone().unwrap_or_default(),
+            );
+            if self.extended.contains_key(&key) {
+                continue;
+            }
+            let ran_s = now.duration_since(start.0).as_secs().max(0);
+            let remaining = current.saturating_sub(ran_s);
+            if remaining as u64 > fence.as_secs() / 2 {
+                continue;
+            }
+            let max_runtime = want
+                .assign
+                .as_ref()
+                .map_or(0, |a| a.max_runtime_s)
+                .min(i64::MAX as u64) as i64;
+            let mut desired = ran_s.saturating_add(left.as_secs() as i64);
+            let mut bound = "lease";
+            if max_runtime > 0 && desired >= max_runtime {
+                desired = max_runtime;
+                bound = "max-runtime";
+            }
+            if desired <= current {
+                continue;
+            }
+            self.extended
+                .insert(key.clone(), tokio::time::Instant::now());
+            let api: Api<Job> = Api::namespaced(self.client.clone(), &key.0);
+            let permit = limit.clone();
+            let patch = serde_json::json!({
+                "metadata": {"annotations": {DEADLINE_ANNOTATION: bound}},
+                "spec": {"activeDeadlineSeconds": desired},
+            });
+            calls.spawn(async move {
+                let _p = permit.acquire_owned().await;
+                if let Err(e) = api
+                    .patch(&key.1, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    tracing::warn!(job = %key.1, error = %e, "cannot extend the Job's deadline");
+                }
+            });
+        }
+    }
+
     async fn pass(
         &mut self,
         limit: &Arc<Semaphore>,
@@ -631,7 +761,8 @@ impl Controller {
         for a in actions {
             tracing::debug!(action = ?ActionSummary(&a), "reconciled");
             match a {
-                Action::Create { run, job } => {
+                Action::Create { run, mut job } => {
+                    self.bound_deadline(&mut job);
                     let api: Api<Job> = Api::namespaced(
                         self.client.clone(),
                         job.metadata.namespace.as_deref().unwrap_or("default"),

@@ -135,6 +135,18 @@ pub fn observe(job: &Job, pods: &[&Pod], events: &[&Event]) -> Observation {
                 }
                 let detail = c.message.clone().unwrap_or_default();
                 let message = match (reason.as_str(), detail.as_str()) {
+                    ("DeadlineExceeded", _)
+                        if job
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get(super::controller::DEADLINE_ANNOTATION))
+                            .is_some_and(|v| v == "lease") =>
+                    {
+                        "stopped by its deadline: the spoke could not confirm the run in time \
+                         (it hung, or was cut off from the hub)"
+                            .to_string()
+                    }
                     ("DeadlineExceeded", _) => {
                         "exceeded its max runtime (activeDeadlineSeconds)".to_string()
                     }
