@@ -163,6 +163,50 @@ fn certificate_pb(c: crate::hub::IssuedCert) -> pb::SpokeCertificate {
     }
 }
 
+/// Messages per second one spoke's session may send on average: a
+/// heartbeat a second, and the statuses and log chunks of a busy cluster.
+pub const SPOKE_MESSAGES_PER_S: f64 = 2_000.0;
+/// Messages one session may send at once above that average: the statuses
+/// of a whole cluster of work starting together.
+pub const SPOKE_MESSAGES_BURST: f64 = 20_000.0;
+
+/// A token bucket that paces one session's reads: beyond its rate the
+/// hub reads that spoke more slowly (HTTP/2 flow control slows the spoke),
+/// so one spoke cannot fill the applier's queue that every spoke and user
+/// shares.
+#[derive(Debug)]
+pub(crate) struct Pace {
+    tokens: f64,
+    at: tokio::time::Instant,
+    rate: f64,
+    burst: f64,
+}
+
+impl Pace {
+    pub(crate) fn new(rate: f64, burst: f64) -> Pace {
+        Pace {
+            tokens: burst,
+            at: tokio::time::Instant::now(),
+            rate,
+            burst,
+        }
+    }
+
+    /// How long to wait before the next message may be read (zero: now).
+    pub(crate) fn take(&mut self) -> std::time::Duration {
+        let now = tokio::time::Instant::now();
+        self.tokens =
+            (self.tokens + now.duration_since(self.at).as_secs_f64() * self.rate).min(self.burst);
+        self.at = now;
+        self.tokens -= 1.0;
+        if self.tokens >= 0.0 {
+            std::time::Duration::ZERO
+        } else {
+            std::time::Duration::from_secs_f64(-self.tokens / self.rate)
+        }
+    }
+}
+
 async fn read_session(
     hub: Arc<Hub>,
     mut inbound: Streaming<pb::SpokeMessage>,
@@ -172,7 +216,20 @@ async fn read_session(
 ) {
     // Log chunks refused on this session (the first is logged, the rest counted).
     let mut refused = 0u64;
+    let mut pace = Pace::new(SPOKE_MESSAGES_PER_S, SPOKE_MESSAGES_BURST);
+    let mut paced_since: Option<tokio::time::Instant> = None;
     loop {
+        let wait = pace.take();
+        if !wait.is_zero() {
+            if paced_since.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(10)) {
+                warn!(
+                    "spoke {cluster} sends more than {SPOKE_MESSAGES_PER_S} messages a second \
+                     (bursts of {SPOKE_MESSAGES_BURST}); reading it more slowly"
+                );
+                paced_since = Some(tokio::time::Instant::now());
+            }
+            tokio::time::sleep(wait).await;
+        }
         match inbound.message().await {
             Ok(Some(m)) => {
                 let cmd = match m.msg {
@@ -357,5 +414,25 @@ impl pb::user_service_server::UserService for UserSvc {
             .map_err(|_| status_of(self.hub.stopped()))?
             .map_err(status_of)?;
         Ok(Response::new(views::workload_pb(&view)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sessions_reads_are_paced_beyond_its_rate() {
+        let mut p = Pace::new(10.0, 5.0);
+        for _ in 0..5 {
+            assert!(p.take().is_zero(), "the burst");
+        }
+        let wait = p.take();
+        assert_eq!(wait, std::time::Duration::from_millis(100));
+        tokio::time::advance(std::time::Duration::from_secs(10)).await;
+        for _ in 0..5 {
+            assert!(p.take().is_zero(), "refilled, at most the burst");
+        }
+        assert!(!p.take().is_zero());
     }
 }

@@ -83,6 +83,28 @@ async fn a_huge_inventory_is_stored_in_pages_and_a_bad_one_is_refused_while_the_
         e.message()
     );
     assert_eq!(gpus(api.clone()).await, 24_000.0);
+    // Platform teams see who was refused and why (one event a minute per
+    // cluster, however often the spoke retries).
+    let refused: Vec<_> = api
+        .events()
+        .await
+        .into_iter()
+        .filter(|e| e.kind == "spoke_refused")
+        .collect();
+    assert!(
+        refused
+            .iter()
+            .any(|e| e.message.contains("open-2") && e.message.contains("maxGpusPerNode")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused
+            .iter()
+            .filter(|e| e.message.contains("\"lab\""))
+            .count(),
+        1,
+        "{refused:?}"
+    );
     let (status, _) = api.get("/healthz").await;
     assert_eq!(status, 200);
     hub.hub.check_alive().expect("the hub is up");

@@ -354,7 +354,11 @@ impl Inner {
                 // Answered after the batch's commit, like every other
                 // command: the session opens only once its registration
                 // is durable.
+                let cluster = register.cluster.clone();
                 let res = self.register(cfg, register, peer.as_deref(), conn, tx, fx, now);
+                if let Err(e) = &res {
+                    self.note_refused_spoke(&cluster, e, fx, now);
+                }
                 fx.after(move || {
                     let _ = reply.send(res);
                 });

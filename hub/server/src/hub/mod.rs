@@ -121,6 +121,10 @@ pub enum OnStoreFailure {
 /// [`Hub::lock`], never held across an await); readers use the
 /// [`ReadView`] published after every commit.
 pub struct Inner {
+    /// When a refused registration was last recorded as an event, by
+    /// declared cluster (one key for every undeclared name), so a spoke
+    /// retrying a refused registration writes an event a minute at most.
+    refusals_noted: BTreeMap<String, u64>,
     policy: Arc<Policy>,
     state: State,
     clusters: BTreeMap<String, ClusterEntry>,

@@ -135,6 +135,7 @@ pub(super) async fn load(
         }
     }
     Ok(Inner {
+        refusals_noted: BTreeMap::new(),
         runtimes,
         bursts,
         ledger,

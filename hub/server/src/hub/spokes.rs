@@ -172,6 +172,10 @@ pub fn may_replace(
     ))
 }
 
+/// Refused registrations of one cluster are recorded as an event at most
+/// this often (a refused spoke retries every few seconds).
+pub const REFUSAL_EVENT_EVERY_MS: u64 = 60_000;
+
 /// A cluster the hub knows: declared in policy, registered by a spoke, or both.
 pub(super) struct ClusterEntry {
     pub region: String,
@@ -403,6 +407,43 @@ impl Inner {
             self.burst_joined(&r.cluster, fx, now);
         }
         Ok(())
+    }
+
+    /// Records a refused registration as an event (`spoke_refused`, with
+    /// the reason), at most once per [`REFUSAL_EVENT_EVERY_MS`] per declared
+    /// cluster and once for all undeclared names together: platform teams
+    /// see who was refused and why, and a spoke retrying cannot fill the log.
+    pub(super) fn note_refused_spoke(
+        &mut self,
+        cluster: &str,
+        e: &HubError,
+        fx: &mut Effects,
+        now: u64,
+    ) {
+        let key = if self.policy.clusters.contains_key(cluster) {
+            cluster.to_string()
+        } else {
+            String::new()
+        };
+        if self
+            .refusals_noted
+            .get(&key)
+            .is_some_and(|&at| now.saturating_sub(at) < REFUSAL_EVENT_EVERY_MS)
+        {
+            return;
+        }
+        self.refusals_noted.insert(key, now);
+        let shown = super::reports::bounded_message(cluster);
+        let why = super::reports::bounded_message(&e.to_string());
+        let declared = self.policy.clusters.contains_key(cluster);
+        self.event(
+            fx,
+            now,
+            "spoke_refused",
+            None,
+            declared.then_some(cluster),
+            format!("a spoke for cluster {shown:?} was refused: {why}"),
+        );
     }
 
     /// Compares what a spoke runs with what the hub assigned to it.
