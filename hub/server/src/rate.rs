@@ -109,8 +109,35 @@ impl Buckets {
     }
 }
 
+/// Refusals of one kind are logged at most this often, with their count.
+const REFUSAL_LOG_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Counts refusals by kind and logs who was refused and why, at most once
+/// per [`REFUSAL_LOG_PERIOD`] per kind (a flood of refusals must not become
+/// a flood of log lines).
+#[derive(Default)]
+struct Refusals(Mutex<HashMap<&'static str, (std::time::Instant, u64)>>);
+
+impl Refusals {
+    fn note(&self, kind: &'static str, who: &str, why: &str) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        let e = m.entry(kind).or_insert((now - REFUSAL_LOG_PERIOD, 0));
+        e.1 += 1;
+        if now.duration_since(e.0) >= REFUSAL_LOG_PERIOD {
+            tracing::warn!(
+                "refused {} calls ({kind}) in the last {} s; latest {who}: {why}",
+                e.1,
+                REFUSAL_LOG_PERIOD.as_secs()
+            );
+            *e = (now, 0);
+        }
+    }
+}
+
 /// The buckets and the in-flight bounds of one hub.
 pub struct Limiter {
+    refusals: Refusals,
     limits: RateLimits,
     users: Buckets,
     failures: Buckets,
@@ -159,6 +186,7 @@ fn retry_s(wait_ms: u64) -> u64 {
 impl Limiter {
     pub fn new(limits: RateLimits) -> Limiter {
         Limiter {
+            refusals: Refusals::default(),
             limits,
             users: Buckets::default(),
             failures: Buckets::default(),
@@ -201,6 +229,8 @@ impl Limiter {
         }
         let (rate, burst) = (self.limits.per_user_per_s, self.limits.per_user_burst);
         if let Err(wait_ms) = self.users.take(&who.user, rate, burst, now_ms, true) {
+            self.refusals
+                .note("user rate", &who.user, "more calls than its bucket holds");
             return Err(HubError::RateLimited {
                 message: format!(
                     "{} made more than {burst} calls in a burst (at most {} a second on \
@@ -216,6 +246,11 @@ impl Limiter {
         let mut m = self.per_user.lock().unwrap_or_else(|p| p.into_inner());
         let n = m.entry(who.user.clone()).or_insert(0);
         if *n >= most {
+            self.refusals.note(
+                "user share in flight",
+                &who.user,
+                "holds its share of calls in flight",
+            );
             return Err(HubError::TooBusy {
                 message: format!(
                     "{} has {most} calls in flight, their share of the hub's {} (1/{USER_SHARE_OF_IN_FLIGHT}); \
@@ -232,16 +267,20 @@ impl Limiter {
 
     /// A slot of the global bound on calls in flight.
     pub fn admit_call(&self) -> Result<Admitted<'_>, HubError> {
-        let permit = self
-            .in_flight
-            .try_acquire()
-            .map_err(|_| HubError::TooBusy {
+        let permit = self.in_flight.try_acquire().map_err(|_| {
+            self.refusals.note(
+                "calls in flight",
+                "a caller",
+                "the hub is at --max-calls-in-flight",
+            );
+            HubError::TooBusy {
                 message: format!(
                     "the hub is serving {} calls at once, its limit; retry shortly",
                     self.limits.max_in_flight
                 ),
                 retry_after_s: 1,
-            })?;
+            }
+        })?;
         Ok(Admitted { _permit: permit })
     }
 
@@ -257,7 +296,10 @@ impl Limiter {
                 now_ms,
                 false,
             )
-            .map_err(|wait_ms| HubError::RateLimited {
+            .map_err(|wait_ms| {
+                self.refusals
+                    .note("failed authentication", &ip.to_string(), "too many failed tokens");
+                HubError::RateLimited {
                 message: format!(
                     "{ip} failed to authenticate more than {FAILED_AUTH_PER_SOURCE_BURST} times \
                      (at most {FAILED_AUTH_PER_SOURCE_PER_S} a second on average); retry in {} s \
@@ -265,6 +307,7 @@ impl Limiter {
                     retry_s(wait_ms)
                 ),
                 retry_after_s: retry_s(wait_ms),
+            }
             })
     }
 
