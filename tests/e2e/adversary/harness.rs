@@ -15,6 +15,9 @@ pub struct Hub {
     _policy: TempPolicy,
     /// The platform admin's token (`--auth tokens` only).
     pub admin: Option<String>,
+    /// The hub's data dir (its spoke CA is `spoke-ca.pem` there).
+    pub data: std::path::PathBuf,
+    tls: bool,
 }
 
 impl Hub {
@@ -26,6 +29,17 @@ impl Hub {
     /// With API tokens; the platform admin's token is minted before start.
     pub async fn with_tokens(extra: &[&str]) -> Hub {
         Self::start(true, extra).await
+    }
+
+    /// With API tokens and the default TLS: spokes join with certificates
+    /// from the hub's spoke CA.
+    pub async fn with_tokens_tls() -> Hub {
+        Self::start(true, &["--tls-san", "127.0.0.1"]).await
+    }
+
+    /// The CA clients trust on a TLS hub, PEM.
+    pub fn ca_pem(&self) -> Vec<u8> {
+        std::fs::read(self.data.join("spoke-ca.pem")).expect("the hub wrote its CA")
     }
 
     async fn start(tokens: bool, extra: &[&str]) -> Hub {
@@ -49,8 +63,23 @@ impl Hub {
             args.push("tokens".into());
             String::from_utf8_lossy(&out.stdout).trim().to_string()
         });
+        let tls = extra.contains(&"--tls-san");
         let mut hub = HubProc::start_with(policy.path(), &data, Ports::free(), args);
-        if admin.is_some() {
+        if tls {
+            let ca = data.join("spoke-ca.pem");
+            axle_e2e::wait_until(axle_e2e::READY_TIMEOUT, "the hub's CA", || {
+                let ca = ca.clone();
+                async move {
+                    if ca.exists() {
+                        Ok(())
+                    } else {
+                        Err("not yet".to_string())
+                    }
+                }
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        } else if admin.is_some() {
             let api = axle_e2e::Api::new(&hub.http_url());
             axle_e2e::wait_until(axle_e2e::READY_TIMEOUT, "the hub answers", || {
                 let api = api.clone();
@@ -70,11 +99,17 @@ impl Hub {
             _dir: dir,
             _policy: policy,
             admin,
+            data,
+            tls,
         }
     }
 
     pub fn http(&self) -> String {
-        self.hub.http_url()
+        if self.tls {
+            format!("https://127.0.0.1:{}", self.hub.ports.http)
+        } else {
+            self.hub.http_url()
+        }
     }
 
     pub fn addr(&self) -> String {
@@ -88,7 +123,9 @@ impl Hub {
     /// A token for `user`, minted by the platform admin.
     pub async fn token_for(&self, user: &str) -> String {
         let admin = self.admin.as_deref().expect("a hub with --auth tokens");
-        let (status, v) = call(
+        let ca = self.tls.then(|| self.ca_pem());
+        let (status, v) = call_trusting(
+            ca.as_deref(),
             &self.http(),
             Some(admin),
             reqwest::Method::POST,
@@ -109,12 +146,27 @@ pub async fn call(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
+    call_trusting(None, base, token, method, path, body).await
+}
+
+/// [`call`] trusting `ca_pem` (a TLS hub's own CA).
+pub async fn call_trusting(
+    ca_pem: Option<&[u8]>,
+    base: &str,
+    token: Option<&str>,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     axle_e2e::install_crypto();
-    let client = reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
-        .no_proxy()
-        .build()
-        .expect("client");
+        .no_proxy();
+    if let Some(pem) = ca_pem {
+        builder =
+            builder.add_root_certificate(reqwest::Certificate::from_pem(pem).expect("CA PEM"));
+    }
+    let client = builder.build().expect("client");
     let mut req = client.request(method, format!("{base}{path}"));
     if let Some(t) = token {
         req = req.bearer_auth(t);

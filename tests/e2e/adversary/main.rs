@@ -9,5 +9,6 @@ mod harness;
 mod hung;
 mod input;
 mod inventory;
+mod joins;
 mod replicas;
 mod slots;
