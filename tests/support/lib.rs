@@ -62,10 +62,26 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// A TCP port that was free a moment ago on 127.0.0.1 (bind port 0, read it, close).
+/// Ports this test process has handed out: the kernel may give a port
+/// released by one `bind(0)` to the next before the first process bound
+/// it (observed: two HA replicas started on the same HTTP port).
+static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A TCP port that was free a moment ago on 127.0.0.1 (bind port 0, read
+/// it, close), never one this process handed out before.
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = l.local_addr().expect("local addr").port();
+        if HANDED_OUT
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
 }
 
 /// The hub's two ports.
@@ -77,12 +93,9 @@ pub struct Ports {
 
 impl Ports {
     pub fn free() -> Ports {
-        // Hold the first listener while picking the second so they differ.
-        let a = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-        let b = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
         Ports {
-            http: a.local_addr().expect("addr").port(),
-            grpc: b.local_addr().expect("addr").port(),
+            http: free_port(),
+            grpc: free_port(),
         }
     }
 }

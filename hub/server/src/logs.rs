@@ -256,7 +256,12 @@ async fn write_at(path: &Path, at: u64, data: &[u8]) -> std::io::Result<()> {
         .open(path)
         .await?;
     f.seek(SeekFrom::Start(at)).await?;
-    f.write_all(data).await
+    f.write_all(data).await?;
+    // tokio's `write_all` returns once the write is handed to a blocking
+    // thread; without a flush the bytes may not be in the file yet when a
+    // reader (or the next size check) looks — observed: a unit test's disk
+    // total was short under load.
+    f.flush().await
 }
 
 /// The tail segments of a log on disk, ascending.
