@@ -276,7 +276,7 @@ fn settings(docs: &Docs, rep: &mut Reporter<'_>) -> (Settings, Option<(Pos, Stri
     }
     for (i, u) in s.platform_admins.iter().enumerate() {
         let name = u.value.trim();
-        if name.is_empty() || name != u.value || name.chars().any(char::is_control) {
+        if name.is_empty() || name != u.value || crate::text::hidden_char(name).is_some() {
             rep.error(
                 first.at(u),
                 first.path(&format!("platformAdmins[{i}]")),
@@ -691,6 +691,17 @@ fn teams(
                     doc.path(&path),
                     "empty user name".to_string(),
                     "write the user's login",
+                );
+            } else if let Some(c) = crate::text::hidden_char(&m.user.value) {
+                rep.error(
+                    doc.at(&m.user),
+                    doc.path(&path),
+                    format!(
+                        "user `{}` holds {}, a character that is not shown as itself",
+                        crate::text::printable(&m.user.value),
+                        c.escape_unicode()
+                    ),
+                    "write the user's login as your tokens or SSO name it",
                 );
             } else if let Some(first) = users.get(m.user.value.as_str()) {
                 let hint = format!(

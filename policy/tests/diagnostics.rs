@@ -946,3 +946,19 @@ fn fraction_memory_names_a_known_model_and_a_sane_size() {
     find(&f.errors, "fractionMemoryGb.H100 (0) must be 1 to 4096 GB");
     find(&f.errors, "unknown GPU model `H999` in fractionMemoryGb");
 }
+
+#[test]
+fn user_names_that_hide_characters_are_refused() {
+    // Observed at the hub: `d2\u{200B}-victim` looked like `d2-victim`; a
+    // member or admin named with U+202E or U+200B would look like another.
+    let files = policy(&[(
+        "teams/b.yaml",
+        &team(
+            "b",
+            "  quotas:\n    H100: {guaranteed: 1, limit: 2}\n  members:\n    - {user: \"ali\u{200B}ce\", role: member}\n",
+        ),
+    )]);
+    let f = fail(&files);
+    let d = find(&f.errors, "not shown as itself");
+    assert!(d.message.contains("\\u{200b}"), "{}", d.message);
+}
