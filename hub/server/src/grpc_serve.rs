@@ -26,7 +26,7 @@ use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Sleep;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, warn};
 
@@ -54,9 +54,6 @@ const ACCEPT_QUEUE: usize = 64;
 /// After an accept error (e.g. out of file descriptors) the listener waits
 /// this long before trying again, instead of spinning.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
-
-/// Refusals are logged at most this often, with their count since.
-const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy)]
 pub struct GrpcLimits {
@@ -245,31 +242,6 @@ impl AsyncWrite for GrpcConn {
     }
 }
 
-/// Counts refusals and logs them at most once per [`REFUSAL_LOG_PERIOD`].
-struct Refusals {
-    since: Instant,
-    count: u64,
-    last: Option<(IpAddr, &'static str)>,
-}
-
-impl Refusals {
-    fn note(&mut self, ip: IpAddr, why: &'static str) {
-        self.count += 1;
-        self.last = Some((ip, why));
-        if self.since.elapsed() >= REFUSAL_LOG_PERIOD {
-            if let Some((ip, why)) = self.last {
-                warn!(
-                    "gRPC: refused {} connections in the last {} s (latest from {ip}: {why})",
-                    self.count,
-                    self.since.elapsed().as_secs()
-                );
-            }
-            self.count = 0;
-            self.since = Instant::now();
-        }
-    }
-}
-
 /// Accepts connections on `listener` under `limits` (over TLS with `tls`)
 /// for tonic's `serve_with_incoming*`: the stream ends, and the accept loop
 /// with it, when tonic drops it.
@@ -292,11 +264,7 @@ async fn accept_loop(
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let table: Shared = Arc::default();
     let mut next_id = 0u64;
-    let mut refusals = Refusals {
-        since: Instant::now(),
-        count: 0,
-        last: None,
-    };
+    let refusals = crate::rate::Refusals::default();
     loop {
         let (stream, peer) = tokio::select! {
             () = tx.closed() => return,
@@ -322,7 +290,8 @@ async fn accept_loop(
                     limits.max_per_source
                 );
                 refusals.note(
-                    ip,
+                    "gRPC connections",
+                    &ip.to_string(),
                     "at its share of connections (--max-connections-per-source)",
                 );
                 continue;
@@ -340,7 +309,11 @@ async fn accept_loop(
                     }
                     None => {
                         drop(t);
-                        refusals.note(ip, "every connection busy (--grpc-max-connections)");
+                        refusals.note(
+                            "gRPC connections",
+                            &ip.to_string(),
+                            "every connection busy (--grpc-max-connections)",
+                        );
                         continue;
                     }
                 }

@@ -114,19 +114,19 @@ const REFUSAL_LOG_PERIOD: std::time::Duration = std::time::Duration::from_secs(1
 
 /// Counts refusals by kind and logs who was refused and why, at most once
 /// per [`REFUSAL_LOG_PERIOD`] per kind (a flood of refusals must not become
-/// a flood of log lines).
+/// a flood of log lines). Also the gRPC listener's (`grpc_serve.rs`).
 #[derive(Default)]
-struct Refusals(Mutex<HashMap<&'static str, (std::time::Instant, u64)>>);
+pub(crate) struct Refusals(Mutex<HashMap<&'static str, (std::time::Instant, u64)>>);
 
 impl Refusals {
-    fn note(&self, kind: &'static str, who: &str, why: &str) {
+    pub(crate) fn note(&self, kind: &'static str, who: &str, why: &str) {
         let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let now = std::time::Instant::now();
         let e = m.entry(kind).or_insert((now - REFUSAL_LOG_PERIOD, 0));
         e.1 += 1;
         if now.duration_since(e.0) >= REFUSAL_LOG_PERIOD {
             tracing::warn!(
-                "refused {} calls ({kind}) in the last {} s; latest {who}: {why}",
+                "refused {} ({kind}) in the last {} s; latest {who}: {why}",
                 e.1,
                 REFUSAL_LOG_PERIOD.as_secs()
             );
@@ -229,8 +229,11 @@ impl Limiter {
         }
         let (rate, burst) = (self.limits.per_user_per_s, self.limits.per_user_burst);
         if let Err(wait_ms) = self.users.take(&who.user, rate, burst, now_ms, true) {
-            self.refusals
-                .note("user rate", &who.user, "more calls than its bucket holds");
+            self.refusals.note(
+                "calls: user rate",
+                &who.user,
+                "more calls than its bucket holds",
+            );
             return Err(HubError::RateLimited {
                 message: format!(
                     "{} made more than {burst} calls in a burst (at most {} a second on \
@@ -247,7 +250,7 @@ impl Limiter {
         let n = m.entry(who.user.clone()).or_insert(0);
         if *n >= most {
             self.refusals.note(
-                "user share in flight",
+                "calls: user share in flight",
                 &who.user,
                 "holds its share of calls in flight",
             );
@@ -269,7 +272,7 @@ impl Limiter {
     pub fn admit_call(&self) -> Result<Admitted<'_>, HubError> {
         let permit = self.in_flight.try_acquire().map_err(|_| {
             self.refusals.note(
-                "calls in flight",
+                "calls: in flight",
                 "a caller",
                 "the hub is at --max-calls-in-flight",
             );
@@ -298,7 +301,7 @@ impl Limiter {
             )
             .map_err(|wait_ms| {
                 self.refusals
-                    .note("failed authentication", &ip.to_string(), "too many failed tokens");
+                    .note("calls: failed authentication", &ip.to_string(), "too many failed tokens");
                 HubError::RateLimited {
                 message: format!(
                     "{ip} failed to authenticate more than {FAILED_AUTH_PER_SOURCE_BURST} times \

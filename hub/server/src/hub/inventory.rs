@@ -240,10 +240,7 @@ pub fn check(policy: &Policy, r: &pb::Register) -> Result<Checked, HubError> {
                 &format!("{field}.gpus"),
             ));
         }
-        if shaped.is_none() {
-            check_bounds(&bounds, &r.cluster, n, &field)?;
-        }
-        nodes.push(NodeRecord {
+        let node = NodeRecord {
             name: n.name.clone(),
             gpus: n
                 .gpus
@@ -259,7 +256,11 @@ pub fn check(policy: &Policy, r: &pb::Register) -> Result<Checked, HubError> {
                 })
                 .collect(),
             whole_only: n.whole_only,
-        });
+        };
+        if shaped.is_none() {
+            check_bounds(&bounds, &r.cluster, &node, &field)?;
+        }
+        nodes.push(node);
     }
     if let Some(c) = shaped {
         check_declared(c, &nodes)?;
@@ -280,24 +281,15 @@ fn milli(g: &GpuRecord) -> u64 {
     }
 }
 
-/// Milli-GPUs of device `g` (a whole GPU or a unit).
-fn milli_of(g: &pb::Gpu) -> u64 {
-    if g.unit.is_empty() {
-        1000
-    } else {
-        u64::from(g.share_milli)
-    }
-}
-
 /// A node of a cluster whose shape the policy does not declare, within the
 /// Settings bounds.
 fn check_bounds(
     b: &axle_policy::InventoryBounds,
     cluster: &str,
-    n: &pb::Node,
+    n: &NodeRecord,
     field: &str,
 ) -> Result<(), HubError> {
-    let gpus: u64 = n.gpus.iter().map(milli_of).sum();
+    let gpus: u64 = n.gpus.iter().map(milli).sum();
     if gpus > b.max_gpus_per_node * 1000 {
         return Err(refused(
             format!(
