@@ -48,20 +48,10 @@ impl Hub {
         let data = dir.path().join("hub");
         let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let admin = tokens.then(|| {
-            let out = Command::new(bin("axle-hub"))
-                .args(["create-token", "--user", "platform-admin", "--data-dir"])
-                .arg(&data)
-                .env_remove("AXLE_STORE")
-                .output()
-                .expect("axle-hub create-token");
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let token = admin_token(&["--data-dir", &data.display().to_string()]);
             args.push("--auth".into());
             args.push("tokens".into());
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
+            token
         });
         let tls = extra.contains(&"--tls-san");
         let mut hub = HubProc::start_with(policy.path(), &data, Ports::free(), args);
@@ -136,6 +126,23 @@ impl Hub {
         assert_eq!(status, 201, "{v}");
         v["token"].as_str().expect("token").to_string()
     }
+}
+
+/// The platform admin's token, minted into a stopped hub's store
+/// (`axle-hub create-token --user platform-admin` with `store`'s flags).
+pub fn admin_token(store: &[&str]) -> String {
+    let out = Command::new(bin("axle-hub"))
+        .args(["create-token", "--user", "platform-admin"])
+        .args(store)
+        .env_remove("AXLE_STORE")
+        .output()
+        .expect("axle-hub create-token");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// One HTTP call with a bearer token: (status, JSON body or the text).

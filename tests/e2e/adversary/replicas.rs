@@ -7,7 +7,7 @@ use std::time::Duration;
 use axle_e2e::ha::EtcdCluster;
 use axle_e2e::{HubProc, Ports, TempPolicy, bin, temp_dir, wait_until};
 
-use crate::harness::call;
+use crate::harness::{admin_token, call};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn replicas_ask_for_a_token_and_the_cli_keeps_it_across_the_redirect() {
@@ -15,23 +15,7 @@ async fn replicas_ask_for_a_token_and_the_cli_keeps_it_across_the_redirect() {
     let policy = TempPolicy::fixture(&["adversary"]);
     let etcd = EtcdCluster::start(1, dir.path());
     let store = etcd.store_url();
-    let out = Command::new(bin("axle-hub"))
-        .args([
-            "create-token",
-            "--user",
-            "platform-admin",
-            "--store",
-            &store,
-        ])
-        .env_remove("AXLE_STORE")
-        .output()
-        .expect("axle-hub create-token");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let admin = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let admin = admin_token(&["--store", &store]);
     let hubs: Vec<HubProc> = (0..2)
         .map(|i| {
             HubProc::start_with(
