@@ -49,10 +49,15 @@ pub struct SimulateArgs {
 enum Baseline {
     /// Each team only on its own guaranteed GPUs, no borrowing.
     Static,
-    /// One FIFO queue without quotas, no backfill.
+    /// Textbook FIFO: one queue in arrival order, the head blocks the rest.
     Fifo,
-    /// One queue without quotas, scanned whole, starting whatever fits.
+    /// Textbook first-fit: one queue scanned whole, starting whatever fits;
+    /// best-fit node, whole free nodes for jobs larger than a node.
     Firstfit,
+    /// First-fit through Axle's core: large jobs may spread over partly
+    /// used nodes.
+    #[value(name = "firstfit-spread")]
+    FirstfitSpread,
 }
 
 impl Baseline {
@@ -61,6 +66,7 @@ impl Baseline {
             Baseline::Static => Mode::Static,
             Baseline::Fifo => Mode::Fifo,
             Baseline::Firstfit => Mode::FirstFit,
+            Baseline::FirstfitSpread => Mode::FirstFitSpread,
         }
     }
 }
@@ -260,11 +266,18 @@ fn print_text(reports: &[(SimReport, f64)]) {
         println!();
         println!("per priority class ({})", r.mode.as_str());
         println!(
-            "  {:<16}{:>10}{:>14}{:>14}",
-            "class", "jobs", "delay mean s", "delay p95 s"
+            "  {:<16}{:>10}{:>14}{:>14}{:>13}{:>11}",
+            "class", "jobs", "delay mean s", "delay p95 s", "preemptions", "lost_gpu_h"
         );
         for (c, d) in &r.per_priority_class {
-            println!("  {c:<16}{:>10}{:>14.0}{:>14.0}", d.jobs, d.mean, d.p95);
+            println!(
+                "  {c:<16}{:>10}{:>14.0}{:>14.0}{:>13}{:>11.0}",
+                d.queue_delay_s.jobs,
+                d.queue_delay_s.mean,
+                d.queue_delay_s.p95,
+                d.preemptions,
+                d.gpu_hours_lost_to_preemption
+            );
         }
     }
     for (r, _) in reports {

@@ -1,7 +1,8 @@
 //! The fleets a trace is replayed on: Axle's policy as written (with teams
-//! the trace names and the policy lacks), and today's alternatives as
-//! policies the same core runs: static per-team allocation, one strict FIFO
-//! queue, and one greedy first-fit queue.
+//! the trace names and the policy lacks), and today's alternatives: static
+//! per-team allocation and a greedy first-fit queue that lets large jobs
+//! spread over partly used nodes, as policies the same core runs, and the
+//! textbook first-fit and FIFO queues (`textbook.rs`), written apart from it.
 
 use std::collections::BTreeMap;
 
@@ -20,13 +21,19 @@ pub enum Mode {
     Axle,
     /// Today's manual allocation: each team only on its own guaranteed GPUs.
     Static,
-    /// One FIFO queue, no quotas, no backfill (head-of-line blocking).
+    /// Textbook FIFO: one queue in arrival order, no quotas, no backfill
+    /// (the head of the line blocks everything behind it).
     Fifo,
-    /// One queue without quotas or priorities, scanned whole every time
-    /// something changes, starting whatever fits (greedy backfill). Good
-    /// mean delay, starves large gangs, never preempts.
+    /// Textbook first-fit: one queue in arrival order scanned whole at every
+    /// arrival and finish, starting whatever fits (greedy backfill); best
+    /// fit for jobs of one node, whole free nodes for larger ones. Never
+    /// preempts.
     #[serde(rename = "firstfit")]
     FirstFit,
+    /// First-fit through Axle's core with one team and one class: a job
+    /// larger than one node may spread over partly used nodes.
+    #[serde(rename = "firstfit-spread")]
+    FirstFitSpread,
 }
 
 impl Mode {
@@ -36,6 +43,7 @@ impl Mode {
             Mode::Static => "static",
             Mode::Fifo => "fifo",
             Mode::FirstFit => "firstfit",
+            Mode::FirstFitSpread => "firstfit-spread",
         }
     }
 }
@@ -119,9 +127,9 @@ pub fn static_policy(policy: &Policy) -> Policy {
     p
 }
 
-/// A FIFO policy: one team `fifo` with the whole capacity on `any`, and every job's team
+/// One queue: one team `fifo` with the whole capacity on `any`, and every job's team
 /// renamed. Per-team figures keep the original names.
-pub(crate) fn one_queue_policy(policy: &Policy, capacity: Milli) -> Policy {
+fn one_queue_policy(policy: &Policy, capacity: Milli) -> Policy {
     let mut p = policy.clone();
     p.teams = BTreeMap::from([(
         ONE_QUEUE_TEAM.to_string(),

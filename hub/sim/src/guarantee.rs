@@ -18,6 +18,95 @@ use std::collections::{BTreeMap, BTreeSet};
 use axle_policy::{MILLI_PER_GPU, Milli, Policy};
 use axle_scheduler::{State, WorkloadSpec};
 
+use crate::replay::SimJob;
+
+/// What the check sees of a fleet: where every running job holds GPUs and
+/// how much of each GPU is taken. Axle's `State` and the textbook
+/// baselines' own fleet both answer it, so every mode is measured alike.
+pub(crate) trait Fleet {
+    /// Calls `each(job, cluster, node, gpu, milli)` for every shard.
+    fn running_shards(&self, each: &mut dyn FnMut(usize, u32, u32, u32, u64));
+    fn cluster_count(&self) -> u32;
+    fn node_count(&self, cluster: u32) -> u32;
+    fn gpu_model_of(&self, cluster: u32, node: u32) -> &str;
+    /// Milli-GPUs taken on each GPU of the node.
+    fn node_used(&self, cluster: u32, node: u32) -> Vec<u64>;
+}
+
+impl Fleet for State {
+    fn running_shards(&self, each: &mut dyn FnMut(usize, u32, u32, u32, u64)) {
+        for r in self.running() {
+            for sh in r.allocation.shards() {
+                each(
+                    r.spec.id as usize,
+                    r.allocation.cluster,
+                    sh.node,
+                    sh.gpu,
+                    sh.milli.0,
+                );
+            }
+        }
+    }
+    fn cluster_count(&self) -> u32 {
+        State::cluster_count(self)
+    }
+    fn node_count(&self, cluster: u32) -> u32 {
+        State::node_count(self, cluster)
+    }
+    fn gpu_model_of(&self, cluster: u32, node: u32) -> &str {
+        State::gpu_model_of(self, cluster, node)
+    }
+    fn node_used(&self, cluster: u32, node: u32) -> Vec<u64> {
+        self.node_allocated(cluster, node)
+            .into_iter()
+            .map(|m| m.0)
+            .collect()
+    }
+}
+
+/// The shape of one job, as the check needs it.
+#[derive(Debug, Clone)]
+pub(crate) struct Shape {
+    pub team: String,
+    pub priority_class: String,
+    pub gpus_per_replica: Milli,
+    pub replicas: u32,
+    pub allow_spread: bool,
+    pub gpu_model: Option<String>,
+}
+
+impl Shape {
+    fn total(&self) -> Milli {
+        Milli(self.gpus_per_replica.0 * u64::from(self.replicas.max(1)))
+    }
+}
+
+impl From<&WorkloadSpec> for Shape {
+    fn from(s: &WorkloadSpec) -> Shape {
+        Shape {
+            team: s.team.clone(),
+            priority_class: s.priority_class.clone(),
+            gpus_per_replica: s.gpus_per_replica,
+            replicas: s.replicas,
+            allow_spread: s.allow_spread,
+            gpu_model: s.gpu_model.clone(),
+        }
+    }
+}
+
+impl From<&SimJob> for Shape {
+    fn from(j: &SimJob) -> Shape {
+        Shape {
+            team: j.team.clone(),
+            priority_class: j.priority_class.clone(),
+            gpus_per_replica: j.gpus_per_replica,
+            replicas: j.replicas,
+            allow_spread: j.allow_spread,
+            gpu_model: j.gpu_model.clone(),
+        }
+    }
+}
+
 /// One (team, quota class) the simulator accounts for.
 #[derive(Debug, Clone)]
 struct Slot {
@@ -44,6 +133,7 @@ type Holder = (usize, u64, Milli);
 pub(crate) struct GuaranteeBook {
     team_slots: Vec<Vec<Slot>>,
     jobs: Vec<JobInfo>,
+    shapes: Vec<Shape>,
     violated: Vec<bool>,
     pub violations_per_team: Vec<u64>,
     pub team_names: Vec<String>,
@@ -52,7 +142,11 @@ pub(crate) struct GuaranteeBook {
 impl GuaranteeBook {
     /// `policy` is the policy as written (the guarantees promised), whatever
     /// the mode replays.
-    pub fn new(policy: &Policy, specs: &[&WorkloadSpec], models: &[String]) -> GuaranteeBook {
+    pub fn of_jobs(policy: &Policy, jobs: &[SimJob], models: &[String]) -> GuaranteeBook {
+        Self::new(policy, jobs.iter().map(Shape::from).collect(), models)
+    }
+
+    pub fn new(policy: &Policy, specs: Vec<Shape>, models: &[String]) -> GuaranteeBook {
         let team_names: Vec<String> = policy.teams.keys().cloned().collect();
         let team_slots: Vec<Vec<Slot>> = policy
             .teams
@@ -106,6 +200,7 @@ impl GuaranteeBook {
             team_slots,
             violated: vec![false; specs.len()],
             jobs,
+            shapes: specs,
         }
     }
 
@@ -143,9 +238,18 @@ impl GuaranteeBook {
         slot.used.saturating_sub(slot.guaranteed)
     }
 
+    /// Violations found so far, per team of the written policy.
+    pub fn violations_by_team(&self) -> BTreeMap<String, u64> {
+        self.team_names
+            .iter()
+            .cloned()
+            .zip(self.violations_per_team.iter().copied())
+            .collect()
+    }
+
     /// Checks every team's owed job against `state` (after a cycle) and
     /// returns how many new violations it found.
-    pub fn check(&mut self, state: &State, specs: &[std::sync::Arc<WorkloadSpec>]) -> u64 {
+    pub fn check(&mut self, state: &dyn Fleet) -> u64 {
         let borrowed: Milli = (0..self.team_slots.len())
             .flat_map(|t| (0..self.team_slots[t].len()).map(move |s| (t, s)))
             .map(|(t, s)| self.room_above_guarantee(t, s))
@@ -162,7 +266,7 @@ impl GuaranteeBook {
                 if self.violated[job] {
                     continue;
                 }
-                let need = specs[job].total_gpus();
+                let need = self.shapes[job].total();
                 let borrowed_by_others = borrowed.saturating_sub(self.room_above_guarantee(t, s));
                 if slot.used + need <= slot.guaranteed && borrowed_by_others > Milli::ZERO {
                     owed.push((t, s, job));
@@ -171,7 +275,7 @@ impl GuaranteeBook {
         }
         let mut found = 0;
         for (t, _, job) in owed {
-            if self.fits_reclaiming(state, &specs[job], t) {
+            if self.fits_reclaiming(state, &self.shapes[job], t) {
                 self.violated[job] = true;
                 self.violations_per_team[t] += 1;
                 found += 1;
@@ -182,24 +286,22 @@ impl GuaranteeBook {
 
     /// Would `spec` of team `t` fit once other teams' preemptible jobs gave
     /// back what they borrow?
-    fn fits_reclaiming(&self, state: &State, spec: &WorkloadSpec, t: usize) -> bool {
+    fn fits_reclaiming(&self, state: &dyn Fleet, spec: &Shape, t: usize) -> bool {
         // Per GPU (cluster, node, gpu): the jobs that may be evicted for it,
         // with their milli on that GPU and their whole size.
         let mut victims: BTreeMap<GpuAt, Vec<Holder>> = BTreeMap::new();
-        for r in state.running() {
-            let job = r.spec.id as usize;
+        state.running_shards(&mut |job, cluster, node, gpu, milli| {
             let info = self.jobs[job];
-            let Some((vt, _)) = info.slot else { continue };
+            let Some((vt, _)) = info.slot else { return };
             if vt == t || !info.preemptible {
-                continue;
+                return;
             }
-            for sh in r.allocation.shards() {
-                victims
-                    .entry((r.allocation.cluster, sh.node, sh.gpu))
-                    .or_default()
-                    .push((job, sh.milli.0, r.spec.total_gpus()));
-            }
-        }
+            victims.entry((cluster, node, gpu)).or_default().push((
+                job,
+                milli,
+                self.shapes[job].total(),
+            ));
+        });
         let single = spec.replicas == 1 && !spec.allow_spread;
         let per_replica = spec.gpus_per_replica.0;
         // What one GPU must offer: a fraction's share, or all of it.
@@ -232,8 +334,8 @@ impl GuaranteeBook {
                     taken.clear();
                     gpus_in_scope = 0;
                 }
-                for (g, used) in state.node_allocated(c, n).iter().enumerate() {
-                    let mut offer = MILLI_PER_GPU - used.0;
+                for (g, used) in state.node_used(c, n).iter().enumerate() {
+                    let mut offer = MILLI_PER_GPU - used;
                     let mut newly: Vec<(usize, (usize, usize), Milli)> = Vec::new();
                     let holders = victims
                         .get(&(c, n, g as u32))

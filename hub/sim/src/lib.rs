@@ -10,8 +10,9 @@ mod guarantee;
 mod replay;
 mod report;
 pub mod setup;
+mod textbook;
 pub mod trace;
 
 pub use baseline::{Mode, complete_policy, static_policy};
 pub use replay::{Progress, SimJob, simulate};
-pub use report::{DelayStats, EstimateReport, SimReport, TeamReport};
+pub use report::{ClassReport, DelayStats, EstimateReport, SimReport, TeamReport};

@@ -3,7 +3,7 @@
 //! utilization, queueing, preemptions and the work they lose, guarantee
 //! violations, and each team's share.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use axle_policy::{MILLI_PER_GPU, Milli, Policy};
@@ -13,11 +13,10 @@ use axle_scheduler::{
     WorkloadSpec, cycle, estimate_start,
 };
 
-use crate::baseline::{
-    FIRST_FIT_CLASS, Mode, ONE_QUEUE_TEAM, first_fit_policy, one_queue_policy, static_policy,
-};
-use crate::guarantee::GuaranteeBook;
-use crate::report::{DelayStats, EstimateReport, SimReport, TeamReport};
+use crate::baseline::{FIRST_FIT_CLASS, Mode, ONE_QUEUE_TEAM, first_fit_policy, static_policy};
+use crate::guarantee::{GuaranteeBook, Shape};
+use crate::report::{EstimateReport, JobOutcome, SimReport, Totals, summarize};
+use crate::textbook::{self, Discipline};
 
 /// One job to replay. Times in seconds from the trace start.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +30,13 @@ pub struct SimJob {
     pub team: String,
     pub priority_class: String,
     pub gpu_model: Option<String>,
+}
+
+impl SimJob {
+    /// GPUs of all replicas together.
+    pub fn total_gpus(&self) -> Milli {
+        Milli(self.gpus_per_replica.0 * u64::from(self.replicas.max(1)))
+    }
 }
 
 /// How far a replay has come, for a progress display.
@@ -77,8 +83,11 @@ pub fn simulate(
     let effective = match mode {
         Mode::Axle => policy.clone(),
         Mode::Static => static_policy(policy),
-        Mode::Fifo => one_queue_policy(policy, capacity),
-        Mode::FirstFit => first_fit_policy(policy, capacity),
+        Mode::FirstFitSpread => first_fit_policy(policy, capacity),
+        Mode::FirstFit => {
+            return textbook::replay(policy, inventory, jobs, Discipline::FirstFit, progress);
+        }
+        Mode::Fifo => return textbook::replay(policy, inventory, jobs, Discipline::Fifo, progress),
     };
     let granularity = effective.settings.fraction_granularity;
     let mut state = State::new(Arc::new(effective), inventory);
@@ -125,18 +134,13 @@ pub fn simulate(
             expected_runtime: None,
         };
         let mut replayed = spec.clone();
-        match mode {
-            Mode::Fifo => replayed.team = ONE_QUEUE_TEAM.to_string(),
-            Mode::FirstFit => {
-                replayed.team = ONE_QUEUE_TEAM.to_string();
-                replayed.priority_class = FIRST_FIT_CLASS.to_string();
-            }
-            Mode::Axle | Mode::Static => {}
+        if mode == Mode::FirstFitSpread {
+            replayed.team = ONE_QUEUE_TEAM.to_string();
+            replayed.priority_class = FIRST_FIT_CLASS.to_string();
         }
         specs.push(Arc::new(replayed));
         own.push(spec);
     }
-    let own_refs: Vec<&WorkloadSpec> = own.iter().collect();
     let models: Vec<String> = {
         let mut m: BTreeSet<String> = BTreeSet::new();
         for c in &inventory.clusters {
@@ -146,11 +150,10 @@ pub fn simulate(
         }
         m.into_iter().collect()
     };
-    let mut book = GuaranteeBook::new(policy, &own_refs, &models);
+    let mut book = GuaranteeBook::new(policy, own.iter().map(Shape::from).collect(), &models);
 
     let mut rejected: BTreeMap<String, u64> = BTreeMap::new();
     let mut completions: BTreeSet<(u64, WorkloadId)> = BTreeSet::new();
-    let mut fifo: VecDeque<WorkloadId> = VecDeque::new();
     let mut next = 0usize;
     let mut now = jobs.first().map(|j| j.submit_time_s * 1000).unwrap_or(0);
     let start = now;
@@ -224,9 +227,7 @@ pub fn simulate(
         while next < specs.len() && specs[next].submit_time_ms == t {
             let spec = specs[next].clone();
             next += 1;
-            let admitted = if mode == Mode::Fifo {
-                state.validate(&spec).map(|()| fifo.push_back(spec.id))
-            } else {
+            let admitted = {
                 let mut s = (*spec).clone();
                 if mode == Mode::Axle {
                     // What the hub does at submit: the run time of its kind.
@@ -246,25 +247,7 @@ pub fn simulate(
         }
 
         let mut decisions = Vec::new();
-        if mode == Mode::Fifo {
-            // Strict FIFO: start jobs from the head while the head fits.
-            while let Some(&head) = fifo.front() {
-                let spec = specs[head as usize].clone();
-                if state.submit((*spec).clone()).is_err() {
-                    fifo.pop_front();
-                    continue;
-                }
-                cycles += 1;
-                let d = cycle(&state, t, &opts);
-                if d.placements.is_empty() {
-                    state.remove(head);
-                    break;
-                }
-                let _ = state.apply(&d, t);
-                fifo.pop_front();
-                decisions.push(d);
-            }
-        } else {
+        {
             // The hub runs a cycle whenever something changed; so does the
             // simulator, at the same instant, until a cycle decides nothing.
             // Victims stop at once here, so what they held beyond their
@@ -299,7 +282,7 @@ pub fn simulate(
             );
         }
         if !decisions.is_empty() || next_arrival == Some(t) {
-            violations += book.check(&state, &specs);
+            violations += book.check(&state);
         }
         // A job that waits: the start its pending reason would estimate.
         for &id in &submitted_now {
@@ -314,122 +297,61 @@ pub fn simulate(
     });
 
     let span = (now - start).max(1) as f64;
-    let mut per_team_delay: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    let mut per_class_delay: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    // (finished, gpu-hours, preemptions, lost gpu-hours)
-    let mut per_team_hours: BTreeMap<String, (u64, f64, u64, f64)> = BTreeMap::new();
-    let mut all = Vec::new();
-    let mut finished = 0u64;
-    let mut lost_total = 0f64;
-    for (i, r) in runs.iter().enumerate() {
-        let j = &jobs[i];
-        let e = per_team_hours.entry(j.team.clone()).or_default();
-        e.1 += r.gpu_ms / 3.6e6;
-        e.2 += r.preemptions;
-        e.3 += r.lost_gpu_ms / 3.6e6;
-        lost_total += r.lost_gpu_ms / 3.6e6;
-        if !r.finished {
-            continue;
-        }
-        finished += 1;
-        e.0 += 1;
-        let wait_s = r.waited_ms as f64 / 1000.0;
-        all.push(wait_s);
-        per_team_delay
-            .entry(j.team.clone())
-            .or_default()
-            .push(wait_s);
-        per_class_delay
-            .entry(j.priority_class.clone())
-            .or_default()
-            .push(wait_s);
-    }
-    let violations_of: BTreeMap<&str, u64> = book
-        .team_names
+    let outcomes: Vec<JobOutcome> = runs
         .iter()
-        .map(String::as_str)
-        .zip(book.violations_per_team.iter().copied())
-        .collect();
-    let total_hours: f64 = per_team_hours.values().map(|v| v.1).sum();
-    let per_team = per_team_hours
-        .into_iter()
-        .map(|(team, (n, h, pre, lost))| {
-            let entitlement = policy
-                .teams
-                .get(&team)
-                .map(|t| {
-                    t.quotas.values().map(|q| q.guaranteed.0).sum::<u64>() as f64 / cap.max(1.0)
-                })
-                .unwrap_or(0.0);
-            let delays = per_team_delay.remove(&team).unwrap_or_default();
-            let guarantee_violations = violations_of.get(team.as_str()).copied().unwrap_or(0);
-            (
-                team,
-                TeamReport {
-                    jobs_finished: n,
-                    gpu_hours: h,
-                    share: if total_hours > 0.0 {
-                        h / total_hours
-                    } else {
-                        0.0
-                    },
-                    entitlement,
-                    queue_delay_s: DelayStats::of(delays),
-                    preemptions: pre,
-                    gpu_hours_lost_to_preemption: lost,
-                    guarantee_violations,
-                },
-            )
+        .map(|r| JobOutcome {
+            waited_ms: r.waited_ms,
+            finished: r.finished,
+            gpu_ms: r.gpu_ms,
+            lost_gpu_ms: r.lost_gpu_ms,
+            preemptions: r.preemptions,
         })
         .collect();
-    SimReport {
-        mode,
-        capacity_gpus: capacity.as_gpus_f64(),
-        jobs_submitted: jobs.len() as u64,
-        jobs_rejected: rejected.values().sum(),
-        jobs_finished: finished,
-        gpu_utilization: if cap > 0.0 {
-            alloc_integral / (cap * span)
+    let start_estimates = (mode == Mode::Axle).then(|| {
+        let mut r = EstimateReport::default();
+        for (i, j) in jobs.iter().enumerate() {
+            let submit = j.submit_time_s * 1000;
+            let Some(start) = first_start[i].filter(|&s| s > submit) else {
+                continue;
+            };
+            r.waited += 1;
+            let Some(est) = eta[i] else { continue };
+            r.estimated += 1;
+            let real = (start - submit) as f64;
+            let guess = est.saturating_sub(submit) as f64;
+            if (guess - real).abs() <= 0.25 * real {
+                r.within_25pct += 1;
+            }
+        }
+        r.fraction_within_25pct = if r.estimated > 0 {
+            r.within_25pct as f64 / r.estimated as f64
         } else {
             0.0
-        },
-        queue_delay_s: DelayStats::of(all),
-        idle_while_waiting_gpu_hours: idle_waiting_integral / MILLI_PER_GPU as f64 / 3.6e6,
-        preemptions,
-        gpu_hours_lost_to_preemption: lost_total,
-        guarantee_violations: violations,
-        makespan_s: (now - start) / 1000,
-        cycles,
-        per_team,
-        per_priority_class: per_class_delay
-            .into_iter()
-            .map(|(k, v)| (k, DelayStats::of(v)))
-            .collect(),
-        rejected_reasons: rejected,
-        start_estimates: (mode == Mode::Axle).then(|| {
-            let mut r = EstimateReport::default();
-            for (i, j) in jobs.iter().enumerate() {
-                let submit = j.submit_time_s * 1000;
-                let Some(start) = first_start[i].filter(|&s| s > submit) else {
-                    continue;
-                };
-                r.waited += 1;
-                let Some(est) = eta[i] else { continue };
-                r.estimated += 1;
-                let real = (start - submit) as f64;
-                let guess = est.saturating_sub(submit) as f64;
-                if (guess - real).abs() <= 0.25 * real {
-                    r.within_25pct += 1;
-                }
-            }
-            r.fraction_within_25pct = if r.estimated > 0 {
-                r.within_25pct as f64 / r.estimated as f64
+        };
+        r
+    });
+    summarize(
+        policy,
+        jobs,
+        &outcomes,
+        mode,
+        Totals {
+            capacity,
+            gpu_utilization: if cap > 0.0 {
+                alloc_integral / (cap * span)
             } else {
                 0.0
-            };
-            r
-        }),
-    }
+            },
+            idle_while_waiting_gpu_hours: idle_waiting_integral / MILLI_PER_GPU as f64 / 3.6e6,
+            preemptions,
+            guarantee_violations: violations,
+            violations_per_team: book.violations_by_team(),
+            makespan_s: (now - start) / 1000,
+            cycles,
+            rejected_reasons: rejected,
+            start_estimates,
+        },
+    )
 }
 
 /// Books one applied cycle: victims stop (losing their work since the last

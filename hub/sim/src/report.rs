@@ -4,9 +4,11 @@
 
 use std::collections::BTreeMap;
 
+use axle_policy::{Milli, Policy};
 use serde::Serialize;
 
 use crate::baseline::Mode;
+use crate::replay::SimJob;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DelayStats {
@@ -54,6 +56,17 @@ pub struct TeamReport {
     pub guarantee_violations: u64,
 }
 
+/// One priority class's figures: its jobs' queueing, and the churn it
+/// suffered.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClassReport {
+    pub queue_delay_s: DelayStats,
+    /// Times workloads of the class were preempted.
+    pub preemptions: u64,
+    /// GPU-hours of work its preempted workloads threw away.
+    pub gpu_hours_lost_to_preemption: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct SimReport {
     pub mode: Mode,
@@ -77,7 +90,7 @@ pub struct SimReport {
     pub makespan_s: u64,
     pub cycles: u64,
     pub per_team: BTreeMap<String, TeamReport>,
-    pub per_priority_class: BTreeMap<String, DelayStats>,
+    pub per_priority_class: BTreeMap<String, ClassReport>,
     /// Why jobs were refused at submit, with counts.
     pub rejected_reasons: BTreeMap<String, u64>,
     /// How good the start estimates of waiting jobs were (Axle only).
@@ -97,4 +110,136 @@ pub struct EstimateReport {
     /// Estimates within ±25 % of the real wait.
     pub within_25pct: u64,
     pub fraction_within_25pct: f64,
+}
+
+/// What happened to one job in a replay.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct JobOutcome {
+    /// Time spent waiting, all waits together.
+    pub waited_ms: u64,
+    pub finished: bool,
+    /// GPU·ms it ran (GPUs × ms).
+    pub gpu_ms: f64,
+    pub lost_gpu_ms: f64,
+    pub preemptions: u64,
+}
+
+/// The fleet-wide figures a replay measured itself.
+pub(crate) struct Totals {
+    pub capacity: Milli,
+    pub gpu_utilization: f64,
+    pub idle_while_waiting_gpu_hours: f64,
+    pub preemptions: u64,
+    pub guarantee_violations: u64,
+    pub violations_per_team: BTreeMap<String, u64>,
+    pub makespan_s: u64,
+    pub cycles: u64,
+    pub rejected_reasons: BTreeMap<String, u64>,
+    pub start_estimates: Option<EstimateReport>,
+}
+
+/// The report of a replay: per-job outcomes folded per team and per
+/// priority class (under the names the trace gave them), beside the totals.
+pub(crate) fn summarize(
+    policy: &Policy,
+    jobs: &[SimJob],
+    outcomes: &[JobOutcome],
+    mode: Mode,
+    t: Totals,
+) -> SimReport {
+    #[derive(Default)]
+    struct Acc {
+        delays: Vec<f64>,
+        finished: u64,
+        gpu_hours: f64,
+        preemptions: u64,
+        lost: f64,
+    }
+    let mut teams: BTreeMap<&str, Acc> = BTreeMap::new();
+    let mut classes: BTreeMap<&str, Acc> = BTreeMap::new();
+    let mut all = Vec::new();
+    let mut lost_total = 0f64;
+    for (j, o) in jobs.iter().zip(outcomes) {
+        let lost = o.lost_gpu_ms / 3.6e6;
+        lost_total += lost;
+        for acc in [
+            teams.entry(&j.team).or_default(),
+            classes.entry(&j.priority_class).or_default(),
+        ] {
+            acc.gpu_hours += o.gpu_ms / 3.6e6;
+            acc.preemptions += o.preemptions;
+            acc.lost += lost;
+            if o.finished {
+                acc.finished += 1;
+                acc.delays.push(o.waited_ms as f64 / 1000.0);
+            }
+        }
+        if o.finished {
+            all.push(o.waited_ms as f64 / 1000.0);
+        }
+    }
+    let cap = t.capacity.0 as f64;
+    let total_hours: f64 = teams.values().map(|a| a.gpu_hours).sum();
+    let per_team = teams
+        .into_iter()
+        .map(|(team, a)| {
+            let entitlement = policy
+                .teams
+                .get(team)
+                .map(|t| {
+                    t.quotas.values().map(|q| q.guaranteed.0).sum::<u64>() as f64 / cap.max(1.0)
+                })
+                .unwrap_or(0.0);
+            (
+                team.to_string(),
+                TeamReport {
+                    jobs_finished: a.finished,
+                    gpu_hours: a.gpu_hours,
+                    share: if total_hours > 0.0 {
+                        a.gpu_hours / total_hours
+                    } else {
+                        0.0
+                    },
+                    entitlement,
+                    queue_delay_s: DelayStats::of(a.delays),
+                    preemptions: a.preemptions,
+                    gpu_hours_lost_to_preemption: a.lost,
+                    guarantee_violations: t.violations_per_team.get(team).copied().unwrap_or(0),
+                },
+            )
+        })
+        .collect();
+    let per_priority_class = classes
+        .into_iter()
+        .map(|(class, a)| {
+            (
+                class.to_string(),
+                ClassReport {
+                    queue_delay_s: DelayStats::of(a.delays),
+                    preemptions: a.preemptions,
+                    gpu_hours_lost_to_preemption: a.lost,
+                },
+            )
+        })
+        .collect();
+    let finished = all.len() as u64;
+    SimReport {
+        mode,
+        capacity_gpus: t.capacity.as_gpus_f64(),
+        jobs_submitted: jobs.len() as u64,
+        jobs_rejected: t.rejected_reasons.values().sum(),
+        jobs_finished: finished,
+        gpu_utilization: t.gpu_utilization,
+        queue_delay_s: DelayStats::of(all),
+        idle_while_waiting_gpu_hours: t.idle_while_waiting_gpu_hours,
+        preemptions: t.preemptions,
+        gpu_hours_lost_to_preemption: lost_total,
+        guarantee_violations: t.guarantee_violations,
+        makespan_s: t.makespan_s,
+        cycles: t.cycles,
+        per_team,
+        per_priority_class,
+        rejected_reasons: t.rejected_reasons,
+        start_estimates: t.start_estimates,
+    }
 }

@@ -108,6 +108,46 @@ fn compare(name: &str, trace: &str, format: TraceFormat, policy: Policy, inv: In
     assert!(e.estimated <= e.waited && e.within_25pct <= e.estimated);
 }
 
+/// The textbook first-fit and FIFO of `textbook.rs` give, on Philly at 512
+/// GPUs, the figures an independent implementation of the same textbook
+/// rules gave (issue 31): within 1 % on mean and p95 queueing delay and on
+/// utilization.
+#[test]
+fn textbook_baselines_match_an_independent_implementation() {
+    let trace = parse_trace("philly", &gunzip("philly.csv.gz"), TraceFormat::Philly).unwrap();
+    let policy = policy("deploy/examples/policy");
+    let class = default_class(&policy, None).unwrap();
+    let jobs = jobs_of(&trace, &policy, &class);
+    let inv = inventory::uniform("sim", "sim", "V100", 512, 8);
+    let (policy, _) = complete_policy(&policy, &jobs, axle_policy::Milli::gpus(512));
+    // (mode, mean s, p95 s, utilization) of the independent implementation.
+    for (mode, mean, p95, util) in [
+        (Mode::FirstFit, 95_866.0, 271_280.0, 0.731),
+        (Mode::Fifo, 808_193.0, 1_365_476.0, 0.718),
+    ] {
+        let r = simulate(&policy, &inv, &jobs, mode, &mut |_| {});
+        println!(
+            "philly@512 {:>8}: mean {:.0} s (textbook {mean:.0})  p95 {:.0} s (textbook {p95:.0})  util {:.3} (textbook {util})",
+            mode.as_str(),
+            r.queue_delay_s.mean,
+            r.queue_delay_s.p95,
+            r.gpu_utilization
+        );
+        let within = |got: f64, want: f64, what: &str| {
+            assert!(
+                (got - want).abs() <= 0.01 * want,
+                "{}: {what} {got} is not within 1 % of {want}",
+                mode.as_str()
+            );
+        };
+        within(r.queue_delay_s.mean, mean, "mean delay");
+        within(r.queue_delay_s.p95, p95, "p95 delay");
+        within(r.gpu_utilization, util, "utilization");
+        assert_eq!(r.jobs_finished, 82_247);
+        assert_eq!(r.preemptions, 0, "the textbook never preempts");
+    }
+}
+
 #[test]
 fn philly_on_512_gpus() {
     compare(
