@@ -43,6 +43,27 @@ pub struct SimulateArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "text")]
     output: Output,
+    /// Run the robustness matrix on a Philly trace instead: Philly at 256 to
+    /// 1,024 GPUs with arrivals ×0.5, ×1 and ×2, synthetic fleets of 10, 50
+    /// and 200 teams skewed like `--team-mix`, and only the multi-node
+    /// jobs; Axle against the textbook first-fit in each. Exits 1 when Axle
+    /// loses a cell.
+    #[arg(long, requires = "team_mix", conflicts_with_all = ["baseline", "capacity", "nodes"])]
+    matrix: bool,
+    /// Helios Earth VC sizes (`Earth_gpu_number.csv`) the synthetic
+    /// matrix cells take their team skew from.
+    #[arg(long)]
+    team_mix: Option<PathBuf>,
+    /// The whole matrix, or the CI-sized one (the first 20,000 jobs at a
+    /// quarter of the capacities).
+    #[arg(long, value_enum, default_value = "full")]
+    matrix_size: MatrixSizeArg,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum MatrixSizeArg {
+    Full,
+    Reduced,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -77,8 +98,20 @@ enum Output {
     Json,
 }
 
+fn args_matrix(args: &SimulateArgs) -> crate::simulate_matrix::MatrixArgs {
+    crate::simulate_matrix::MatrixArgs {
+        team_mix: args.team_mix.clone().unwrap_or_default(),
+        size: match args.matrix_size {
+            MatrixSizeArg::Full => sim::matrix::MatrixSize::Full,
+            MatrixSizeArg::Reduced => sim::matrix::MatrixSize::Reduced,
+        },
+        priority: args.priority.clone(),
+        json: args.output == Output::Json,
+    }
+}
+
 /// A trace or node list, gunzipped when its name ends in `.gz`.
-fn read_text(path: &std::path::Path) -> std::io::Result<String> {
+pub(crate) fn read_text(path: &std::path::Path) -> std::io::Result<String> {
     use std::io::Read as _;
     if path.extension().is_some_and(|e| e == "gz") {
         let mut text = String::new();
@@ -134,6 +167,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot read trace {}", args.trace.display()))?;
     let trace = parse_trace(&args.trace.display().to_string(), &content, format)?;
     let policy = loaded.policy;
+    if args.matrix {
+        return crate::simulate_matrix::run(&args_matrix(&args), &policy, &trace, format);
+    }
 
     let default_class =
         sim::setup::default_class(&policy, args.priority.as_deref()).map_err(anyhow::Error::msg)?;

@@ -269,6 +269,17 @@ pub struct PriorityClassSpec {
     /// Signal sent at preemption to a checkpointable workload (default SIGTERM).
     #[serde(default)]
     pub checkpoint_signal: Option<Loc<String>>,
+    /// How a replica larger than one node is laid out: `wholeNodes`
+    /// (default), `packed` or `spread`.
+    #[serde(default)]
+    pub placement: Option<Loc<String>>,
+    /// Not preempted by priority before running this long (default 0).
+    #[serde(default)]
+    pub min_runtime_seconds: Option<Loc<u64>>,
+    /// A waiting workload estimated to fit within this long does not
+    /// preempt by priority (default 0).
+    #[serde(default)]
+    pub tolerable_wait_seconds: Option<Loc<u64>>,
 }
 
 /// `spec` of a `Cluster`.
@@ -305,6 +316,10 @@ pub struct NodeGroupSpec {
     /// Memory per GPU (default 0: unknown).
     #[serde(default)]
     pub gpu_memory_gb: Option<u64>,
+    /// The topology domain of these nodes (a rack, an NVLink or InfiniBand
+    /// block): replicas of a job larger than one node prefer one domain.
+    #[serde(default)]
+    pub topology: Option<Loc<String>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]

@@ -9,7 +9,7 @@ use crate::document::{Doc, Docs};
 use crate::file::{Loc, RoleSpec};
 use crate::model::{
     ANY_GPU_CLASS, BurstProvider, CHECKPOINT_SIGNALS, Cluster, CrossTeamPreemption,
-    DEFAULT_CHECKPOINT_INTERVAL_S, MAX_NODES_PER_CLUSTER, MILLI_PER_GPU,
+    DEFAULT_CHECKPOINT_INTERVAL_S, GangPlacement, MAX_NODES_PER_CLUSTER, MILLI_PER_GPU,
     MIN_LOG_BYTES_PER_WORKLOAD, MIN_RETENTION_MS, Member, Milli, NodeGroup, Policy, PriorityClass,
     Quota, Role, Settings, Team, default_priority_classes,
 };
@@ -21,6 +21,12 @@ use burst::{burst_providers, team_burst};
 /// A grace period longer than a day means a preempted workload effectively
 /// never yields, which defeats guarantees (design invariant 2).
 const MAX_GRACE_PERIOD_S: u64 = 86_400;
+/// `minRuntimeSeconds` and `tolerableWaitSeconds` at most a week: a class
+/// that may not be preempted for longer is a class that is never
+/// preempted (say so with an empty `preemptibleBy`).
+const MAX_CHURN_SECONDS: u64 = 7 * 86_400;
+/// A topology domain name is a label value: Kubernetes caps those at 63.
+const MAX_TOPOLOGY_NAME_BYTES: usize = 63;
 /// Largest node groups seen in practice are a few thousand nodes; the bound
 /// keeps `count × gpusPerNode` sums far from overflow.
 const MAX_NODES_PER_GROUP: u64 = 1_000_000;
@@ -477,6 +483,41 @@ fn priority_classes(docs: &Docs, rep: &mut Reporter<'_>) -> BTreeMap<String, Pri
                 );
             }
         }
+        let mut placement = GangPlacement::default();
+        if let Some(pl) = &s.placement {
+            match GangPlacement::ALL
+                .iter()
+                .find(|p| p.as_str() == pl.value.as_str())
+            {
+                Some(p) => placement = *p,
+                None => rep.error(
+                    doc.at(pl),
+                    doc.path("placement"),
+                    format!("unknown placement `{}`", pl.value),
+                    &format!(
+                        "use one of {}",
+                        GangPlacement::ALL.map(GangPlacement::as_str).join(", ")
+                    ),
+                ),
+            }
+        }
+        let mut churn = |field: &Option<Loc<u64>>, name: &str| -> u64 {
+            match field {
+                Some(v) if v.value > MAX_CHURN_SECONDS => {
+                    rep.error(
+                        doc.at(v),
+                        doc.path(name),
+                        format!("{name} ({}) exceeds {MAX_CHURN_SECONDS}", v.value),
+                        "at most a week; a class never to be preempted has an empty preemptibleBy",
+                    );
+                    0
+                }
+                Some(v) => v.value,
+                None => 0,
+            }
+        };
+        let min_runtime_s = churn(&s.min_runtime_seconds, "minRuntimeSeconds");
+        let tolerable_wait_s = churn(&s.tolerable_wait_seconds, "tolerableWaitSeconds");
         out.insert(
             doc.name.clone(),
             PriorityClass {
@@ -489,6 +530,9 @@ fn priority_classes(docs: &Docs, rep: &mut Reporter<'_>) -> BTreeMap<String, Pri
                 checkpointable,
                 checkpoint_interval_s,
                 checkpoint_signal,
+                placement,
+                min_runtime_s,
+                tolerable_wait_s,
             },
         );
     }
@@ -578,11 +622,28 @@ fn clusters(
                 );
             }
             check_gpu_class(rep, doc, &g.gpu_model, &at("gpuModel"), gpu_classes, false);
+            let topology = g.topology.as_ref().and_then(|t| {
+                let ok = !t.value.is_empty()
+                    && t.value.len() <= MAX_TOPOLOGY_NAME_BYTES
+                    && t.value.chars().all(|c| c.is_ascii_graphic());
+                if !ok {
+                    rep.error(
+                        doc.at(t),
+                        doc.path(&at("topology")),
+                        format!("topology `{}` is not a domain name", t.value.escape_debug()),
+                        &format!(
+                            "1 to {MAX_TOPOLOGY_NAME_BYTES} printable ASCII characters without spaces, such as rack-a"
+                        ),
+                    );
+                }
+                ok.then(|| t.value.clone())
+            });
             nodes.push(NodeGroup {
                 count: g.count.value.min(MAX_NODES_PER_GROUP),
                 gpu_model: g.gpu_model.value.clone(),
                 gpus_per_node: g.gpus_per_node.value.min(MAX_GPUS_PER_NODE),
                 gpu_memory_gb: g.gpu_memory_gb.unwrap_or(0),
+                topology,
             });
         }
         let mut default_image = None;

@@ -862,6 +862,48 @@ fn checkpoint_interval_and_signal_are_checked() {
 }
 
 #[test]
+fn placement_and_churn_controls_are_checked() {
+    let class = |extra: &str| {
+        format!(
+            "apiVersion: axle.dev/v1\nkind: PriorityClass\nmetadata:\n  name: development\nspec:\n  value: 100\n  preemptibleBy: []\n{extra}"
+        )
+    };
+    let f = fail(&policy(&[(
+        "classes.yaml",
+        &class("  placement: scattered\n"),
+    )]));
+    let d = find(&f.errors, "unknown placement `scattered`");
+    at(
+        d,
+        "classes.yaml",
+        8,
+        14,
+        "PriorityClass/development.spec.placement",
+    );
+    assert!(d.hint.as_deref().unwrap().contains("wholeNodes"), "{d}");
+    let f = fail(&policy(&[(
+        "classes.yaml",
+        &class("  minRuntimeSeconds: 999999999\n"),
+    )]));
+    at(
+        find(&f.errors, "minRuntimeSeconds (999999999) exceeds 604800"),
+        "classes.yaml",
+        8,
+        22,
+        "PriorityClass/development.spec.minRuntimeSeconds",
+    );
+    let c =
+        class("  placement: wholeNodes\n  minRuntimeSeconds: 600\n  tolerableWaitSeconds: 1800\n");
+    let pc = &ok(&policy(&[("classes.yaml", &c)])).policy.priority_classes["development"];
+    assert_eq!(pc.placement, axle_policy::GangPlacement::WholeNodes);
+    assert_eq!((pc.min_runtime_s, pc.tolerable_wait_s), (600, 1800));
+    let pc = &ok(&policy(&[("classes.yaml", &class(""))]))
+        .policy
+        .priority_classes["development"];
+    assert_eq!(pc.placement, axle_policy::GangPlacement::Packed);
+}
+
+#[test]
 fn retention_and_log_limits_are_checked() {
     let settings = |spec: &str| {
         format!("apiVersion: axle.dev/v1\nkind: Settings\nmetadata:\n  name: s\nspec:\n{spec}")

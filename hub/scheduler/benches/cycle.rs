@@ -32,6 +32,9 @@ fn class(name: &str, value: i32, by: &[&str], idle_only: bool) -> (String, Prior
             checkpointable: false,
             checkpoint_interval_s: 1800,
             checkpoint_signal: "SIGTERM".into(),
+            placement: axle_policy::GangPlacement::Packed,
+            min_runtime_s: 0,
+            tolerable_wait_s: 0,
         },
     )
 }
@@ -95,6 +98,7 @@ fn inventory() -> Inventory {
                         fractions_only: false,
                         whole_only: false,
                         units: Vec::new(),
+                        topology: None,
                     })
                     .collect(),
             })

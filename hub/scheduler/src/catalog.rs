@@ -31,6 +31,11 @@ pub(crate) struct ClassInfo {
     pub grace_period_s: u64,
     pub idle_only: bool,
     pub burst_allowed: bool,
+    pub placement: axle_policy::GangPlacement,
+    /// Not preempted by priority before running this long.
+    pub min_runtime_ms: u64,
+    /// Does not preempt by priority when it will fit within this long.
+    pub tolerable_wait_ms: u64,
 }
 
 impl ClassInfo {
@@ -132,6 +137,9 @@ impl Catalog {
                 grace_period_s: pc.grace_period_s,
                 idle_only: pc.idle_only,
                 burst_allowed: pc.burst_allowed,
+                placement: pc.placement,
+                min_runtime_ms: pc.min_runtime_s.saturating_mul(1000),
+                tolerable_wait_ms: pc.tolerable_wait_s.saturating_mul(1000),
             })
             .collect();
 

@@ -21,6 +21,7 @@ pub fn declared(policy: &Policy) -> Inventory {
                         fractions_only: false,
                         whole_only: false,
                         units: Vec::new(),
+                        topology: g.topology.clone(),
                     });
                 }
             }
@@ -55,6 +56,7 @@ pub fn uniform(name: &str, region: &str, model: &str, gpus: u64, per_node: u32) 
             fractions_only: false,
             whole_only: false,
             units: Vec::new(),
+            topology: None,
         });
         left -= n;
     }

@@ -31,7 +31,13 @@ pub(crate) struct NodeRec {
     pub fractions_only: bool,
     /// Whole GPUs are never split (see `NodeInventory::whole_only`).
     pub whole_only: bool,
+    /// Its topology domain, numbered within its cluster; `NO_DOMAIN` when
+    /// the node declares none.
+    pub domain: u32,
 }
+
+/// The domain of a node without a declared topology domain.
+pub(crate) const NO_DOMAIN: u32 = u32::MAX;
 
 /// The most milli-GPUs a fractional unit counts for: one below a whole GPU,
 /// so that "fully free" (`FULL_GPU`) always means a whole GPU, never a unit
@@ -154,7 +160,13 @@ impl State {
                 owner_team: c.owner_team.clone(),
                 nodes: Vec::new(),
             };
+            let mut domains: BTreeMap<&str, u32> = BTreeMap::new();
             for (li, n) in c.nodes.iter().enumerate() {
+                let next = domains.len() as u32;
+                let domain = match n.topology.as_deref() {
+                    Some(d) => *domains.entry(d).or_insert(next),
+                    None => NO_DOMAIN,
+                };
                 let model = model_index[&n.gpu_model];
                 let count = if n.units.is_empty() {
                     n.gpu_count
@@ -170,6 +182,7 @@ impl State {
                     gpu_count: count,
                     fractions_only: n.fractions_only,
                     whole_only: n.whole_only,
+                    domain,
                 });
                 node_names.push(n.name.clone());
                 gpu_node.extend(std::iter::repeat_n(

@@ -57,6 +57,19 @@ pub fn policy(teams: &[(&str, &[QuotaDef<'_>])], cross: CrossTeamPreemption) -> 
     })
 }
 
+/// `p` with `class` laying out replicas larger than a node as `placement`.
+pub fn with_placement(
+    p: Arc<Policy>,
+    class: &str,
+    placement: axle_policy::GangPlacement,
+) -> Arc<Policy> {
+    let mut p = (*p).clone();
+    if let Some(c) = p.priority_classes.get_mut(class) {
+        c.placement = placement;
+    }
+    Arc::new(p)
+}
+
 pub fn gpus(g: f64) -> Milli {
     Milli::from_gpus_f64(g).expect("a GPU amount")
 }
@@ -82,6 +95,7 @@ pub fn inventory(nodes: &[(&str, u32)]) -> Inventory {
                     fractions_only: false,
                     whole_only: false,
                     units: Vec::new(),
+                    topology: None,
                 })
                 .collect(),
         }],

@@ -122,6 +122,12 @@ pub struct NodeInventory {
     /// `units[i]` is GPU index i (then `units.len() == gpu_count`).
     #[serde(default)]
     pub units: Vec<GpuUnit>,
+    /// The topology domain the node is in (a rack, an NVLink or InfiniBand
+    /// block): the replicas of a job larger than one node, and of a gang,
+    /// prefer nodes of one domain. From the Cluster document's node group,
+    /// or a Kubernetes node label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<String>,
 }
 
 /// One schedulable device of a node: a whole GPU, or a fractional unit the

@@ -241,6 +241,9 @@ fn policy_of(sc: &Scenario) -> Result<Arc<Policy>, String> {
                             .checkpoint_interval_s
                             .unwrap_or(axle_policy::DEFAULT_CHECKPOINT_INTERVAL_S),
                         checkpoint_signal: "SIGTERM".to_string(),
+                        placement: axle_policy::GangPlacement::Packed,
+                        min_runtime_s: 0,
+                        tolerable_wait_s: 0,
                     },
                 )
             })

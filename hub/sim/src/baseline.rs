@@ -168,6 +168,9 @@ pub(crate) fn first_fit_policy(policy: &Policy, capacity: Milli) -> Policy {
             checkpointable: false,
             checkpoint_interval_s: axle_policy::DEFAULT_CHECKPOINT_INTERVAL_S,
             checkpoint_signal: "SIGTERM".to_string(),
+            placement: axle_policy::GangPlacement::Packed,
+            min_runtime_s: 0,
+            tolerable_wait_s: 0,
         },
     )]);
     p.settings.default_priority_class = FIRST_FIT_CLASS.to_string();

@@ -7,6 +7,7 @@
 
 mod baseline;
 mod guarantee;
+pub mod matrix;
 mod replay;
 mod report;
 pub mod setup;

@@ -73,6 +73,7 @@ pub fn inventory_of(list: &NodeList) -> Inventory {
                     fractions_only: false,
                     whole_only: false,
                     units: Vec::new(),
+                    topology: None,
                 })
                 .collect(),
         }],

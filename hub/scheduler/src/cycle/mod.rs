@@ -245,6 +245,23 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
     out
 }
 
+/// Is a preemption by priority worth what it costs? The work its victims
+/// lose (milli-GPU·ms since their last checkpoint) must be at most what the
+/// request would otherwise spend waiting (its GPUs × the wait its start
+/// estimate gives). Always, when the request reclaims a guarantee
+/// (`wait_ms` is `None`) or no estimate bounds its wait.
+fn worth_it(
+    plan: &preemption::VictimPlan,
+    spec: &WorkloadSpec,
+    wait_ms: Option<Option<u64>>,
+) -> bool {
+    let Some(Some(wait)) = wait_ms else {
+        return true;
+    };
+    let lost: u128 = plan.victims.iter().map(|v| v.lost).sum();
+    lost <= u128::from(wait) * u128::from(spec.total_gpus().0)
+}
+
 /// Whether a cycle that skips what cannot run should still look further
 /// down a team's queue, for burst wishes.
 fn more_burst_wishes(state: &State, class_allows: bool, team: u32, out: &Decisions) -> bool {
@@ -268,6 +285,27 @@ impl<'s> Work<'s> {
             Err(r) => r,
             Ok(_) => PendingReason::NotEvaluated,
         }
+    }
+
+    /// How long `spec` would wait without preempting: until running work
+    /// with a known end frees enough GPUs of a model it may use (fluid,
+    /// fragmentation aside). `None` when no known end frees enough.
+    /// `None` too when a team limit holds it back (a deficit) or enough is
+    /// free now but not where it fits: then no end of running work bounds
+    /// the wait.
+    fn wait_without_preempting(
+        &self,
+        spec: &WorkloadSpec,
+        choices: &[quota::ModelChoice],
+    ) -> Option<u64> {
+        if choices.iter().any(|c| c.deficit > Milli::ZERO) {
+            return None;
+        }
+        let models: Vec<u16> = choices.iter().map(|c| c.model).collect();
+        let none_ahead: explain::Ahead = Vec::new();
+        self.fluid_start(&models, spec.total_gpus().0, &none_ahead)
+            .map(|(at, _)| at.saturating_sub(self.now_ms))
+            .filter(|&w| w > 0)
     }
 
     /// Schedules one workload: place directly, else preempt, else explain.
@@ -317,12 +355,26 @@ impl<'s> Work<'s> {
         }
         let class_info = &state.cat.classes[class as usize];
         let mut reason = None;
-        if !class_info.idle_only {
+        // Reclaiming its team's guarantee, a request preempts whatever the
+        // wait; by priority only when the wait it saves is worth it.
+        let reclaims = choices.iter().any(|c| {
+            self.usage[team as usize][c.slot as usize] + spec.total_gpus()
+                <= state.cat.teams[team as usize].slots[c.slot as usize].1
+        });
+        let wait_ms = (!reclaims).then(|| self.wait_without_preempting(spec, &choices));
+        let tolerable = class_info.tolerable_wait_ms > 0
+            && wait_ms
+                .flatten()
+                .is_some_and(|w| w <= class_info.tolerable_wait_ms);
+        if !class_info.idle_only && !tolerable {
             if *searches_left == 0 {
                 reason = Some(PendingReason::PreemptionDeferred);
             } else {
                 *searches_left -= 1;
-                if let Some(plan) = self.find_victims(spec, team, class, &choices) {
+                let plan = self
+                    .find_victims(spec, team, class, &choices)
+                    .filter(|plan| worth_it(plan, spec, wait_ms));
+                if let Some(plan) = plan {
                     // Victims hold their GPUs until they stop (grace period);
                     // only this workload waits for them, so after it is
                     // placed whatever it left of their GPUs is not free for
@@ -385,6 +437,35 @@ mod tests {
 
     use super::*;
     use crate::testkit::{inventory, policy, req};
+
+    /// `minRuntimeSeconds`: a development workload that started at 0 with
+    /// a minimum runtime of 600 s is not preempted by training at 100 s,
+    /// and is at 700 s; a reclaim of a guarantee does not wait for it.
+    #[test]
+    fn a_minimum_runtime_holds_off_preemption_by_priority_but_not_reclaim() {
+        let mut p = (*policy(
+            &[("a", &[("H100", 0.0, 1.0)]), ("b", &[("H100", 1.0, 1.0)])],
+            BorrowedOnly,
+        ))
+        .clone();
+        p.priority_classes
+            .get_mut("development")
+            .unwrap()
+            .min_runtime_s = 600;
+        let p = Arc::new(p);
+        let mut s = State::new(p.clone(), &inventory(&[("H100", 1)]));
+        crate::testkit::run(&mut s, req(1, "a", "development", 1.0), 0, &[0], 0);
+        s.submit(req(2, "a", "training", 1.0)).unwrap();
+        let opts = CycleOptions::default();
+        assert!(cycle(&s, 100_000, &opts).preemptions.is_empty());
+        let d = cycle(&s, 700_000, &opts);
+        assert_eq!(d.preemptions.len(), 1, "{d:?}");
+        // Team b reclaims its guaranteed GPU from borrower a at once.
+        let mut s = State::new(p, &inventory(&[("H100", 1)]));
+        crate::testkit::run(&mut s, req(1, "a", "development", 1.0), 0, &[0], 0);
+        s.submit(req(3, "b", "development", 1.0)).unwrap();
+        assert_eq!(cycle(&s, 100_000, &opts).preemptions.len(), 1);
+    }
 
     #[test]
     fn higher_priority_is_served_first_and_every_wait_has_a_reason() {

@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 
 use axle_policy::{MILLI_PER_GPU, Milli};
 
+use axle_policy::GangPlacement;
+
 use super::work::{Plan, Work};
 use crate::state::{FULL_GPU, GpuFree};
 use crate::types::WorkloadSpec;
@@ -152,29 +154,58 @@ impl<'s> Work<'s> {
                         .filter(|&x| !nr.fractions_only && get(fl, x) == FULL_GPU)
                         .collect::<Vec<u32>>()
                 };
-                // Best-fit node holding the whole replica.
-                let mut best: Option<(usize, u32)> = None;
+                // Best-fit node holding the whole replica; a gang's later
+                // replicas prefer the first one's topology domain.
+                let gang_domain = plan
+                    .first()
+                    .and_then(|r: &Vec<(u32, GpuFree)>| r.first())
+                    .map(|&(x, _)| self.s.nodes[self.s.gpu_node[x as usize] as usize].domain);
+                let mut best: Option<(bool, usize, u32)> = None;
                 for &n in &nodes {
                     let cnt = full_on(&free_local, n).len();
-                    if cnt >= k && best.is_none_or(|b| (cnt, n) < b) {
-                        best = Some((cnt, n));
+                    let away = gang_domain.is_some_and(|d| d != self.s.nodes[n as usize].domain);
+                    if cnt >= k && best.is_none_or(|b| (away, cnt, n) < b) {
+                        best = Some((away, cnt, n));
                     }
                 }
-                if let Some((_, n)) = best {
+                if let Some((_, _, n)) = best {
                     for x in full_on(&free_local, n).into_iter().take(k) {
                         free_local.insert(x, 0);
                         shards.push((x, FULL_GPU));
                     }
                 } else if spec.allow_spread {
-                    // Largest blocks first, so the replica spans as few nodes as possible.
-                    let mut by_size: Vec<(Reverse<usize>, u32)> = nodes
+                    let mut blocks: Vec<(usize, u32)> = nodes
                         .iter()
-                        .map(|&n| (Reverse(full_on(&free_local, n).len()), n))
-                        .filter(|(Reverse(c), _)| *c > 0)
+                        .map(|&n| (full_on(&free_local, n).len(), n))
+                        .filter(|&(c, _)| c > 0)
                         .collect();
-                    by_size.sort_unstable();
+                    // The layout rule is for replicas larger than a node;
+                    // a smaller one that fits no node takes the largest blocks.
+                    let largest = nodes
+                        .iter()
+                        .map(|&n| self.s.nodes[n as usize].gpu_count as usize)
+                        .max()
+                        .unwrap_or(0);
+                    let placement = if k > largest {
+                        self.placement_of(spec)
+                    } else {
+                        GangPlacement::Packed
+                    };
+                    let chosen = match placement {
+                        GangPlacement::WholeNodes => self.whole_nodes(k, &blocks)?,
+                        GangPlacement::Packed => {
+                            // Largest blocks first: the fewest nodes free now.
+                            blocks.sort_unstable_by_key(|&(c, n)| (Reverse(c), n));
+                            blocks.into_iter().map(|(_, n)| n).collect()
+                        }
+                        GangPlacement::Spread => {
+                            // Smallest blocks first: fills partly used nodes.
+                            blocks.sort_unstable();
+                            blocks.into_iter().map(|(_, n)| n).collect()
+                        }
+                    };
                     let mut left = k;
-                    for (_, n) in by_size {
+                    for n in chosen {
                         for x in full_on(&free_local, n) {
                             if left == 0 {
                                 break;
@@ -196,6 +227,67 @@ impl<'s> Work<'s> {
         Some(plan)
     }
 
+    /// The layout of a replica larger than one node (its class's placement).
+    fn placement_of(&self, spec: &WorkloadSpec) -> GangPlacement {
+        self.s
+            .cat
+            .class_index
+            .get(&spec.priority_class)
+            .map(|&c| self.s.cat.classes[c as usize].placement)
+            .unwrap_or_default()
+    }
+
+    /// The nodes a replica of `k` whole GPUs larger than one node takes
+    /// under `wholeNodes`, from `blocks` (fully free GPUs, node): fully free
+    /// nodes while the replica fills them, then the best-fit node for the
+    /// rest. The nodes come from the one topology domain that holds the
+    /// replica with the least to spare, else from the domains with the most
+    /// room first (the fewest domains). `None` when the whole free nodes
+    /// cannot hold it.
+    fn whole_nodes(&self, k: usize, blocks: &[(usize, u32)]) -> Option<Vec<u32>> {
+        let node = |n: u32| &self.s.nodes[n as usize];
+        let whole = |&(c, n): &(usize, u32)| c == node(n).gpu_count as usize;
+        // Room on whole free nodes per domain.
+        let mut room: BTreeMap<u32, usize> = BTreeMap::new();
+        for b in blocks.iter().filter(|b| whole(b)) {
+            *room.entry(node(b.1).domain).or_default() += b.0;
+        }
+        let holds_alone = room
+            .iter()
+            .filter(|&(_, &r)| r >= k)
+            .min_by_key(|&(&d, &r)| (r, d))
+            .map(|(&d, _)| d);
+        // Domain rank: the chosen domain first, then by room, most first.
+        let rank = |d: u32| match holds_alone {
+            Some(h) if h == d => (0, 0, d),
+            _ => (1, Reverse(room.get(&d).copied().unwrap_or(0)).0, d),
+        };
+        let mut whole_nodes: Vec<(usize, u32)> = blocks.iter().copied().filter(whole).collect();
+        whole_nodes.sort_unstable_by_key(|&(_, n)| {
+            let (a, r, d) = rank(node(n).domain);
+            (a, Reverse(r), d, n)
+        });
+        let mut left = k;
+        let mut chosen = Vec::new();
+        for (c, n) in whole_nodes {
+            if left >= c {
+                chosen.push(n);
+                left -= c;
+            }
+        }
+        if left > 0 {
+            // The rest on one more node, best fit, in a chosen node's domain
+            // when one holds it.
+            let home = chosen.first().map(|&n| node(n).domain);
+            let rest = blocks
+                .iter()
+                .filter(|&&(c, n)| c >= left && !chosen.contains(&n))
+                .min_by_key(|&&(c, n)| (home.is_some_and(|h| h != node(n).domain), c, n))?;
+            chosen.push(rest.1);
+        }
+        Some(chosen)
+    }
+
     /// Would `spec` fit in the scope with free array `free`?
     pub(super) fn fits_in(
         &self,
@@ -211,7 +303,11 @@ impl<'s> Work<'s> {
                 .copied()
                 .unwrap_or(self.gpu_free[g as usize])
         };
-        if spec.replicas == 1 && spec.allow_spread && spec.gpus_per_replica.0 >= MILLI_PER_GPU {
+        if spec.replicas == 1
+            && spec.allow_spread
+            && spec.gpus_per_replica.0 >= MILLI_PER_GPU
+            && self.placement_of(spec) != GangPlacement::WholeNodes
+        {
             // A spread replica fits wherever the cluster has enough fully
             // free GPUs of the model: count them instead of planning.
             let mut full = u64::from(self.cluster_full[cluster as usize][m as usize]);
@@ -253,10 +349,16 @@ mod tests {
 
     use super::*;
     use crate::state::State;
-    use crate::testkit::{inventory, policy, req, run};
+    use crate::testkit::{inventory, policy, req, run, with_placement};
 
+    /// Two 4-GPU nodes, partly used; `training` spreads large replicas
+    /// over the largest free blocks (`packed`).
     fn state() -> State {
-        let p = policy(&[("a", &[("H100", 0.0, 16.0)])], BorrowedOnly);
+        let p = with_placement(
+            policy(&[("a", &[("H100", 0.0, 16.0)])], BorrowedOnly),
+            "training",
+            GangPlacement::Packed,
+        );
         let mut s = State::new(p, &inventory(&[("H100", 4), ("H100", 4)]));
         run(&mut s, req(1, "a", "training", 0.5), 0, &[0], 0);
         run(&mut s, req(2, "a", "training", 2.0), 1, &[0, 1], 0);
@@ -283,6 +385,124 @@ mod tests {
         let mut spread = req(6, "a", "training", 5.0);
         spread.allow_spread = true;
         assert_eq!(w.find(&spread, m, None).unwrap()[0].len(), 5);
+    }
+
+    /// The nodes (in order) a plan uses.
+    fn nodes_of(s: &State, plan: &Plan) -> Vec<u32> {
+        let mut n: Vec<u32> = plan
+            .iter()
+            .flatten()
+            .map(|&(g, _)| s.gpu_node[g as usize])
+            .collect();
+        n.dedup();
+        n
+    }
+
+    /// Four 8-GPU nodes, nodes 0 and 1 half used: a 16-GPU job takes the
+    /// two whole free nodes under `wholeNodes` and `packed` (the default),
+    /// never the two half-used ones; once only one whole node is free,
+    /// `wholeNodes` waits where `packed` fills the half-used nodes and
+    /// `spread` takes the smallest blocks first.
+    #[test]
+    fn a_sixteen_gpu_gang_never_leaves_two_half_used_nodes_for_two_whole_ones() {
+        let layout = |placement: GangPlacement, busy: &[(u32, &[u32])]| {
+            let p = with_placement(
+                policy(&[("a", &[("H100", 0.0, 32.0)])], BorrowedOnly),
+                "training",
+                placement,
+            );
+            let mut s = State::new(p, &inventory(&[("H100", 8); 4]));
+            for (i, &(node, gpus)) in busy.iter().enumerate() {
+                let g = gpus.len() as f64;
+                run(
+                    &mut s,
+                    req(100 + i as u64, "a", "training", g),
+                    node,
+                    gpus,
+                    0,
+                );
+            }
+            let w = Work::new(&s, true, 0);
+            let mut big = req(1, "a", "training", 16.0);
+            big.allow_spread = true;
+            w.find(&big, 0, None).map(|plan| nodes_of(&s, &plan))
+        };
+        let half: &[u32] = &[0, 1, 2, 3];
+        let two_half = [(0, half), (1, half)];
+        assert_eq!(
+            layout(GangPlacement::WholeNodes, &two_half),
+            Some(vec![2, 3])
+        );
+        assert_eq!(layout(GangPlacement::Packed, &two_half), Some(vec![2, 3]));
+        let three_half = [(0, half), (1, half), (2, half)];
+        assert_eq!(layout(GangPlacement::WholeNodes, &three_half), None);
+        assert_eq!(
+            layout(GangPlacement::Packed, &three_half),
+            Some(vec![3, 0, 1])
+        );
+        assert_eq!(
+            layout(GangPlacement::Spread, &three_half),
+            Some(vec![0, 1, 2, 3])
+        );
+        // 12 GPUs: one whole node and 4 best fit beside a half-used one.
+        let p = with_placement(
+            policy(&[("a", &[("H100", 0.0, 32.0)])], BorrowedOnly),
+            "training",
+            GangPlacement::WholeNodes,
+        );
+        let mut s = State::new(p, &inventory(&[("H100", 8); 4]));
+        run(&mut s, req(100, "a", "training", 4.0), 0, half, 0);
+        let w = Work::new(&s, true, 0);
+        let mut twelve = req(1, "a", "training", 12.0);
+        twelve.allow_spread = true;
+        let plan = w.find(&twelve, 0, None).unwrap();
+        assert_eq!(nodes_of(&s, &plan), vec![1, 0]);
+    }
+
+    /// Declared topology domains: a 16-GPU job takes two whole nodes of one
+    /// rack (rack-b: nodes 1 and 3) over the lowest-numbered whole nodes,
+    /// which sit in two racks; a gang's replicas follow its first one.
+    #[test]
+    fn replicas_prefer_one_topology_domain() {
+        let policy = || {
+            with_placement(
+                policy(&[("a", &[("H100", 0.0, 32.0)])], BorrowedOnly),
+                "training",
+                GangPlacement::WholeNodes,
+            )
+        };
+        let p = policy();
+        let mut inv = inventory(&[("H100", 8); 4]);
+        for (n, rack) in inv.clusters[0].nodes.iter_mut().zip(["a", "b", "a", "b"]) {
+            n.topology = Some(format!("rack-{rack}"));
+        }
+        let mut s = State::new(p, &inv);
+        run(&mut s, req(100, "a", "training", 2.0), 2, &[0, 1], 0);
+        let w = Work::new(&s, true, 0);
+        let mut big = req(1, "a", "training", 16.0);
+        big.allow_spread = true;
+        assert_eq!(nodes_of(&s, &w.find(&big, 0, None).unwrap()), vec![1, 3]);
+        // Without domains: the lowest-numbered whole nodes.
+        inv.clusters[0]
+            .nodes
+            .iter_mut()
+            .for_each(|n| n.topology = None);
+        let p = policy();
+        let mut s = State::new(p, &inv);
+        run(&mut s, req(100, "a", "training", 2.0), 2, &[0, 1], 0);
+        let w = Work::new(&s, true, 0);
+        assert_eq!(nodes_of(&s, &w.find(&big, 0, None).unwrap()), vec![0, 1]);
+        // A gang of two 6-GPU replicas: the second beside the first's rack.
+        let p = policy();
+        for (n, rack) in inv.clusters[0].nodes.iter_mut().zip(["a", "b", "a", "b"]) {
+            n.topology = Some(format!("rack-{rack}"));
+        }
+        let mut s = State::new(p, &inv);
+        run(&mut s, req(100, "a", "training", 2.0), 0, &[0, 1], 0);
+        let w = Work::new(&s, true, 0);
+        let mut gang = req(2, "a", "training", 6.0);
+        gang.replicas = 2;
+        assert_eq!(nodes_of(&s, &w.find(&gang, 0, None).unwrap()), vec![0, 2]);
     }
 
     #[test]

@@ -140,7 +140,10 @@ impl<'s> Work<'s> {
         if !vc.is_preemptible() {
             return None; // production is never preempted
         }
-        let by_priority = vc.preemptible_by(class);
+        // Not by priority before its class's minimum runtime (a reclaim of
+        // a guarantee still may: a guarantee is never held back).
+        let settled = self.now_ms.saturating_sub(r.start_time_ms) >= vc.min_runtime_ms;
+        let by_priority = vc.preemptible_by(class) && settled;
         if r.team == team {
             return by_priority.then_some(true);
         }

@@ -48,6 +48,9 @@ pub fn class(
             checkpointable: false,
             checkpoint_interval_s: axle_policy::DEFAULT_CHECKPOINT_INTERVAL_S,
             checkpoint_signal: "SIGTERM".to_string(),
+            placement: axle_policy::GangPlacement::Packed,
+            min_runtime_s: 0,
+            tolerable_wait_s: 0,
         },
     )
 }
@@ -220,6 +223,7 @@ impl InventoryBuilder {
                 fractions_only: false,
                 whole_only: false,
                 units: Vec::new(),
+                topology: None,
             });
         self
     }

@@ -129,6 +129,7 @@ impl Inner {
                     fractions_only: gpus.iter().any(|g| g.fractions_only && g.unit.is_empty()),
                     whole_only: n.whole_only,
                     units,
+                    topology: None,
                 }
             })
             .collect()
