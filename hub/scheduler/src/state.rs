@@ -69,6 +69,51 @@ pub struct RunningWorkload {
     pub(crate) slot: u16,
     /// (global gpu index, milli) for every shard.
     pub(crate) gpus: Vec<(u32, GpuFree)>,
+    /// Copied from the spec for the victim search, which ranks every
+    /// candidate by them: total milli-GPUs and the checkpoint interval in
+    /// ms (0: none).
+    pub(crate) total_milli: u64,
+    pub(crate) checkpoint_ms: u64,
+}
+
+/// One running workload as the victim search sees it (see
+/// `State::victim_facts`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct VictimFacts {
+    pub id: WorkloadId,
+    pub class: u16,
+    pub start_time_ms: u64,
+    pub total_milli: u64,
+    pub checkpoint_ms: u64,
+    /// The node it runs on; `None` when on several.
+    pub only_node: Option<u32>,
+}
+
+impl VictimFacts {
+    /// Work it loses if preempted at `now_ms` (milli-GPU·ms).
+    pub(crate) fn lost_now(&self, now_ms: u64) -> u128 {
+        let ran_ms = now_ms.saturating_sub(self.start_time_ms);
+        let lost_ms = if self.checkpoint_ms > 0 {
+            ran_ms % self.checkpoint_ms
+        } else {
+            ran_ms
+        };
+        u128::from(lost_ms) * u128::from(self.total_milli)
+    }
+}
+
+impl RunningWorkload {
+    /// Work it loses if preempted at `now_ms` (milli-GPU·ms), as
+    /// `WorkloadSpec::lost_work_milli_ms` computes it.
+    pub(crate) fn lost_now(&self, now_ms: u64) -> u128 {
+        let ran_ms = now_ms.saturating_sub(self.start_time_ms);
+        let lost_ms = if self.checkpoint_ms > 0 {
+            ran_ms % self.checkpoint_ms
+        } else {
+            ran_ms
+        };
+        u128::from(lost_ms) * u128::from(self.total_milli)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -102,6 +147,11 @@ pub struct State {
     /// Running workloads of each team (by team index).
     pub(crate) team_running: Vec<BTreeSet<WorkloadId>>,
     pub(crate) running: BTreeMap<WorkloadId, RunningWorkload>,
+    /// What the victim search reads of every running workload, packed in
+    /// one array (a cycle reads all of it once; `running` is a tree of
+    /// large records), and where each workload's entry is.
+    pub(crate) victim_facts: Vec<VictimFacts>,
+    victim_slot: BTreeMap<WorkloadId, usize>,
     /// usage[team][slot]
     pub(crate) usage: Vec<Vec<Milli>>,
     /// The part of `usage` of classes that are never preempted: it must
@@ -224,6 +274,8 @@ impl State {
             node_running: vec![BTreeSet::new(); node_count],
             team_running: vec![BTreeSet::new(); team_count],
             running: BTreeMap::new(),
+            victim_facts: Vec::new(),
+            victim_slot: BTreeMap::new(),
             usage_fixed: usage.clone(),
             usage,
             running_per_class: vec![0; class_count],
@@ -331,6 +383,12 @@ impl State {
 
     fn release(&mut self, id: WorkloadId) -> Option<RunningWorkload> {
         let r = self.running.remove(&id)?;
+        if let Some(i) = self.victim_slot.remove(&id) {
+            self.victim_facts.swap_remove(i);
+            if let Some(moved) = self.victim_facts.get(i) {
+                self.victim_slot.insert(moved.id, i);
+            }
+        }
         for &(g, m) in &r.gpus {
             self.gpu_free[g as usize] += m;
         }
@@ -441,9 +499,29 @@ impl State {
         }
         self.team_running[team as usize].insert(spec.id);
         self.running_per_class[class as usize] += 1;
+        let first = gpus.first().map(|&(g, _)| self.gpu_node[g as usize]);
+        let only_node =
+            first.filter(|&n| gpus.iter().all(|&(g, _)| self.gpu_node[g as usize] == n));
+        self.victim_slot.insert(spec.id, self.victim_facts.len());
+        self.victim_facts.push(VictimFacts {
+            id: spec.id,
+            class,
+            start_time_ms,
+            total_milli: spec.total_gpus().0,
+            checkpoint_ms: spec
+                .checkpoint_interval_s
+                .filter(|&i| i > 0)
+                .map_or(0, |i| i.saturating_mul(1000)),
+            only_node,
+        });
         self.running.insert(
             spec.id,
             RunningWorkload {
+                total_milli: spec.total_gpus().0,
+                checkpoint_ms: spec
+                    .checkpoint_interval_s
+                    .filter(|&i| i > 0)
+                    .map_or(0, |i| i.saturating_mul(1000)),
                 spec,
                 allocation,
                 start_time_ms,

@@ -349,7 +349,21 @@ impl<'s> Work<'s> {
                 return Ok(());
             }
         }
-        if let Some(r) = self.never_fits(spec, &choices) {
+        // Once per shape a cycle: it scans every cluster. The team matters
+        // only where a cluster belongs to one.
+        let mut nf_key = (key, spec.has_image);
+        if !self.owned_clusters {
+            nf_key.0.team = 0;
+        }
+        let never = match self.never_fits_memo.get(&nf_key) {
+            Some(r) => r.clone(),
+            None => {
+                let r = self.never_fits(spec, &choices);
+                self.never_fits_memo.insert(nf_key, r.clone());
+                r
+            }
+        };
+        if let Some(r) = never {
             failed.insert(key, r.clone());
             return Err(r);
         }

@@ -172,18 +172,18 @@ impl<'s> Work<'s> {
         let priority_takes_all = !self.s.cat.guarantees_hard
             && self.s.cat.classes.iter().any(|vc| vc.preemptible_by(class));
         let can_take = priority_takes_all || reclaim || self.priority_possible(class);
-        let mut bound = Milli(self.global_free);
-        for (t, info) in self.s.cat.teams.iter().enumerate() {
-            for (i, slot) in info.slots.iter().enumerate() {
-                let used = self.usage[t][i];
-                if t as u32 == team || priority_takes_all {
-                    bound += used;
-                } else if can_take {
-                    bound += used.saturating_sub(slot.1);
-                }
+        // From the fleet-wide totals `Work` keeps as usage changes.
+        let (own_used, own_borrowed, _) = self.team_totals(team);
+        let mut bound = self.global_free;
+        if priority_takes_all {
+            bound += self.total_used;
+        } else {
+            bound += own_used;
+            if can_take {
+                bound += self.total_borrowed - own_borrowed;
             }
         }
-        bound
+        Milli(bound)
     }
 
     /// `team` is the requesting team.
@@ -192,7 +192,7 @@ impl<'s> Work<'s> {
             r.team != team && !self.is_borrower(r.team, r.slot, r.spec.total_gpus()),
             !self.is_borrower(r.team, r.slot, Milli::ZERO),
             self.s.cat.classes[r.class as usize].value,
-            r.spec.lost_work_milli_ms(r.start_time_ms, self.now_ms),
+            r.lost_now(self.now_ms),
             Reverse(r.start_time_ms),
             Reverse(r.spec.id),
         )
@@ -246,18 +246,16 @@ impl<'s> Work<'s> {
             // crosses guarantees — everyone's), so scopes without any are
             // never visited.
             let everyone = !self.s.cat.guarantees_hard && self.priority_possible(class);
-            let source_teams: Vec<u32> = (0..self.s.cat.teams.len() as u32)
-                .filter(|&t| {
-                    everyone
-                        || t == team
-                        || (0..self.s.cat.teams[t as usize].slots.len())
-                            .any(|i| self.is_borrower(t, i as u16, Milli::ZERO))
-                })
-                .collect();
-            let sources: usize = source_teams
-                .iter()
-                .map(|&t| self.s.team_running[t as usize].len())
-                .sum();
+            let sources = if everyone {
+                self.s.running.len()
+            } else {
+                self.borrower_running
+                    + if self.borrowing[team as usize] {
+                        0
+                    } else {
+                        self.s.team_running[team as usize].len()
+                    }
+            };
             let scope_count = if single {
                 self.s.nodes.len()
             } else {
@@ -269,7 +267,9 @@ impl<'s> Work<'s> {
             let sparse = sources <= scope_count.max(MIN_SPARSE_SOURCES);
             let mut by_scope: BTreeMap<u32, Vec<Cand>> = BTreeMap::new();
             if sparse {
-                for &t in &source_teams {
+                let source_teams = (0..self.s.cat.teams.len() as u32)
+                    .filter(|&t| everyone || t == team || self.borrowing[t as usize]);
+                for t in source_teams {
                     for v in &self.s.team_running[t as usize] {
                         let r = &self.s.running[v];
                         if self.preempted.contains(v) {
@@ -301,10 +301,17 @@ impl<'s> Work<'s> {
                     }
                 }
             }
-            // Scopes in index order: those with candidates, or every one when
+            // Scopes: nodes lowest bound first when scanning nodes for
+            // victims on them alone (a branch and bound: see `NodeBounds`);
+            // else in index order, those with candidates, or every one when
             // scanning or when the team's own work elsewhere may free its quota.
+            let bounded = single && !sparse && choice.deficit == Milli::ZERO;
             let all_scopes: Box<dyn Iterator<Item = u32> + '_> =
-                if !sparse || choice.deficit > Milli::ZERO {
+                if bounded {
+                    Box::new(self.node_bounds().order.iter().copied().filter(move |&n| {
+                        self.s.nodes[n as usize].model == m && self.node_ok(spec, n)
+                    }))
+                } else if !sparse || choice.deficit > Milli::ZERO {
                     if single {
                         Box::new((0..self.s.nodes.len() as u32).filter(move |&n| {
                             self.s.nodes[n as usize].model == m && self.node_ok(spec, n)
@@ -322,6 +329,16 @@ impl<'s> Work<'s> {
             for key in all_scopes {
                 if extra_left == Some(0) {
                     break 'models;
+                }
+                if bounded
+                    && let Some((cost, _)) = &best
+                    && cost.0 == 0
+                    && cost.1 == 0
+                    && self.node_bounds().bound[key as usize] > (cost.2, cost.3)
+                {
+                    // Every node left is bounded higher: none can take
+                    // victims as cheap.
+                    break;
                 }
                 let (cluster, nodes): (u32, Vec<u32>) = if single {
                     (self.s.nodes[key as usize].cluster, vec![key])
@@ -678,5 +695,35 @@ mod tests {
         let w = Work::new(&s, true, 1_000_000);
         assert!(w.rank(0, &s.running[&1]) < w.rank(0, &s.running[&2]));
         assert_eq!(s.running[&1].spec.lost_work_milli_ms(0, 1_000_000), 0);
+    }
+
+    /// A full fleet of 160 nodes × 8 GPUs of borrowed batch work, more
+    /// possible victims than nodes (the search scans nodes): a reclaim takes
+    /// the victim that loses the least work anywhere, on the last node,
+    /// where a search in node order stopped 16 nodes after the first.
+    #[test]
+    fn a_full_fleet_search_takes_the_least_lost_victim_anywhere() {
+        let p = policy(
+            &[
+                ("a", &[("H100", 0.0, 1280.0)]),
+                ("b", &[("H100", 8.0, 16.0)]),
+            ],
+            BorrowedOnly,
+        );
+        let mut s = State::new(p, &inventory(&[("H100", 8); 160]));
+        let mut id = 0;
+        for n in 0..160 {
+            for g in 0..8 {
+                run(&mut s, req(id, "a", "batch", 1.0), n, &[g], id * 1000);
+                id += 1;
+            }
+        }
+        let w = Work::new(&s, true, 10_000_000);
+        let training = s.cat.class_index["training"];
+        let spec = req(99_999, "b", "training", 1.0);
+        let choices = w.allowed_models(&spec, 1, training).unwrap();
+        let plan = w.find_victims(&spec, 1, training, &choices).unwrap();
+        let ids: Vec<u64> = plan.victims.iter().map(|v| v.id).collect();
+        assert_eq!(ids, [id - 1], "the most recently started loses least");
     }
 }

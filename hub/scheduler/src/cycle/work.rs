@@ -49,6 +49,35 @@ pub(super) struct Work<'s> {
     /// What running work frees and when, for queue-aware start estimates
     /// (built on first use).
     pub(super) freeing: std::cell::OnceCell<Freeing>,
+    /// Victim search order over nodes (built on first use).
+    pub(super) node_bounds: std::cell::OnceCell<NodeBounds>,
+    /// `never_fits` per request shape (and whether it names an image).
+    pub(super) never_fits_memo: std::collections::BTreeMap<
+        (super::memo::ShapeKey<'s>, bool),
+        Option<crate::types::PendingReason>,
+    >,
+    /// Does any cluster belong to one team (then `never_fits` depends on
+    /// the team)?
+    pub(super) owned_clusters: bool,
+    /// Per team: does it run above its guarantee in any quota class?
+    pub(super) borrowing: Vec<bool>,
+    /// Milli-GPUs used by every team together, and used above guarantees.
+    pub(super) total_used: u64,
+    pub(super) total_borrowed: u64,
+    /// Running workloads of the teams that borrow (at cycle start, counted
+    /// by the teams' current borrowing): the victims a search may draw on.
+    pub(super) borrower_running: usize,
+}
+
+/// Per node, the lowest (class value, work lost) of the preemptible work
+/// running on it at cycle start: no victim set on the node can have a
+/// lower highest priority, nor at that priority lose less. And the nodes
+/// that hold any, lowest bound first (ties by index), for a search that
+/// visits the most promising nodes first and stops once no node left can
+/// beat what it found.
+pub(super) struct NodeBounds {
+    pub bound: Vec<(i32, u128)>,
+    pub order: Vec<u32>,
 }
 
 impl<'s> Work<'s> {
@@ -71,6 +100,13 @@ impl<'s> Work<'s> {
             explain,
             now_ms,
             freeing: std::cell::OnceCell::new(),
+            node_bounds: std::cell::OnceCell::new(),
+            never_fits_memo: std::collections::BTreeMap::new(),
+            owned_clusters: s.clusters.iter().any(|c| c.owner_team.is_some()),
+            borrowing: vec![false; s.cat.teams.len()],
+            total_used: 0,
+            total_borrowed: 0,
+            borrower_running: 0,
             borrowers_exist: s.cat.teams.iter().enumerate().any(|(t, info)| {
                 info.slots
                     .iter()
@@ -78,6 +114,9 @@ impl<'s> Work<'s> {
                     .any(|(i, slot)| s.usage[t][i] > slot.1)
             }),
         };
+        for t in 0..s.cat.teams.len() as u32 {
+            w.count_team(t, true);
+        }
         for (ni, n) in s.nodes.iter().enumerate() {
             let sched = s.clusters[n.cluster as usize].schedulable;
             let mut full = 0;
@@ -110,6 +149,74 @@ impl<'s> Work<'s> {
             }
         }
         w
+    }
+
+    /// The victim search order (see [`NodeBounds`]): one pass over the
+    /// running work, once per cycle. Victims chosen later in the cycle only
+    /// leave their nodes, so the bounds stay lower bounds.
+    pub(super) fn node_bounds(&self) -> &NodeBounds {
+        self.node_bounds.get_or_init(|| {
+            let none = (i32::MAX, u128::MAX);
+            let mut bound = vec![none; self.s.nodes.len()];
+            for f in &self.s.victim_facts {
+                let vc = &self.s.cat.classes[f.class as usize];
+                if !vc.is_preemptible() {
+                    continue;
+                }
+                let b = (vc.value, f.lost_now(self.now_ms));
+                if let Some(n) = f.only_node {
+                    let n = n as usize;
+                    if b < bound[n] {
+                        bound[n] = b;
+                    }
+                    continue;
+                }
+                for &(g, _) in &self.s.running[&f.id].gpus {
+                    let n = self.s.gpu_node[g as usize] as usize;
+                    if b < bound[n] {
+                        bound[n] = b;
+                    }
+                }
+            }
+            let mut order: Vec<u32> = (0..self.s.nodes.len() as u32)
+                .filter(|&n| bound[n as usize] != none)
+                .collect();
+            order.sort_unstable_by_key(|&n| (bound[n as usize], n));
+            NodeBounds { bound, order }
+        })
+    }
+
+    /// (used, used above guarantee, borrows at all) of team `t`.
+    pub(super) fn team_totals(&self, t: u32) -> (u64, u64, bool) {
+        let info = &self.s.cat.teams[t as usize];
+        let usage = &self.usage[t as usize];
+        let mut out = (0, 0, false);
+        for (i, slot) in info.slots.iter().enumerate() {
+            out.0 += usage[i].0;
+            out.1 += usage[i].0.saturating_sub(slot.1.0);
+            out.2 |= usage[i] > slot.1;
+        }
+        out
+    }
+
+    /// Adds (`add`) or removes team `t`'s share of the fleet-wide totals.
+    fn count_team(&mut self, t: u32, add: bool) {
+        let (used, borrowed, borrows) = self.team_totals(t);
+        let running = self.s.team_running[t as usize].len();
+        if add {
+            self.total_used += used;
+            self.total_borrowed += borrowed;
+            self.borrowing[t as usize] = borrows;
+            if borrows {
+                self.borrower_running += running;
+            }
+        } else {
+            self.total_used -= used;
+            self.total_borrowed -= borrowed;
+            if self.borrowing[t as usize] {
+                self.borrower_running -= running;
+            }
+        }
     }
 
     pub(super) fn schedulable_gpu(&self, g: u32) -> (u32, bool) {
@@ -223,7 +330,9 @@ impl<'s> Work<'s> {
                     .collect()
             })
             .collect();
+        self.count_team(team, false);
         self.usage[team as usize][slot as usize] += spec.total_gpus();
+        self.count_team(team, true);
         if !self.s.cat.classes[class as usize].is_preemptible() {
             self.usage_fixed[team as usize][slot as usize] += spec.total_gpus();
         }
@@ -239,8 +348,10 @@ impl<'s> Work<'s> {
         for &(g, m) in &r.gpus {
             self.adjust(g, self.gpu_free[g as usize] + m);
         }
+        self.count_team(r.team, false);
         let u = &mut self.usage[r.team as usize][r.slot as usize];
         *u = u.saturating_sub(r.spec.total_gpus());
+        self.count_team(r.team, true);
         self.preempted.insert(v);
     }
 }
