@@ -164,19 +164,23 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                 // Nothing is free and this group cannot make room: nothing
                 // else in this group can be placed this cycle — on-prem is
                 // full, which is when a burst is wanted.
-                let reason = w.unexplained_burst_reason(spec, team, class);
                 // Only without explanations (the simulator's fast path): no
-                // pending reason is kept here to carry why it does not burst.
-                let _no_reason_to_note = maybe_burst(
-                    state,
-                    opts,
-                    spec,
-                    team,
-                    class_info.burst_allowed,
-                    &reason,
-                    now_ms,
-                    &mut out,
-                );
+                // pending reason is kept here to carry why it does not burst,
+                // so only a workload that may burst is judged (judging costs
+                // a pass over its team's running work).
+                if could_burst(state, spec, team, class_info.burst_allowed) {
+                    let reason = w.unexplained_burst_reason(spec, team, class);
+                    let _no_reason_to_note = maybe_burst(
+                        state,
+                        opts,
+                        spec,
+                        team,
+                        class_info.burst_allowed,
+                        &reason,
+                        now_ms,
+                        &mut out,
+                    );
+                }
                 // The rest of the team's queue may want a burst too (each
                 // waited past the threshold on its own clock).
                 if more_burst_wishes(state, class_info.burst_allowed, team, &out)
@@ -207,23 +211,34 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                     w.queue_aware_estimate(spec, &ahead, &mut reason);
                     w.add_ahead(&mut ahead, spec);
                 }
-                let judged = if reason == PendingReason::NotEvaluated {
-                    w.unexplained_burst_reason(spec, team, class)
-                } else {
-                    reason.clone()
-                };
-                let no_burst = maybe_burst(
-                    state,
-                    opts,
-                    spec,
-                    team,
-                    class_info.burst_allowed,
-                    &judged,
-                    now_ms,
-                    &mut out,
-                );
-                if let PendingReason::NoFreeCapacity { burst, .. } = &mut reason {
-                    *burst = no_burst;
+                if reason != PendingReason::NotEvaluated {
+                    let no_burst = maybe_burst(
+                        state,
+                        opts,
+                        spec,
+                        team,
+                        class_info.burst_allowed,
+                        &reason,
+                        now_ms,
+                        &mut out,
+                    );
+                    if let PendingReason::NoFreeCapacity { burst, .. } = &mut reason {
+                        *burst = no_burst;
+                    }
+                } else if could_burst(state, spec, team, class_info.burst_allowed) {
+                    // Not explained: judged on its team's rules alone, and
+                    // only when it may burst at all (nothing to note).
+                    let judged = w.unexplained_burst_reason(spec, team, class);
+                    let _ = maybe_burst(
+                        state,
+                        opts,
+                        spec,
+                        team,
+                        class_info.burst_allowed,
+                        &judged,
+                        now_ms,
+                        &mut out,
+                    );
                 }
                 if opts.explain || reason != PendingReason::NotEvaluated {
                     out.pending.push((id, reason));
@@ -260,6 +275,12 @@ fn worth_it(
     };
     let lost: u128 = plan.victims.iter().map(|v| v.lost).sum();
     lost <= u128::from(wait) * u128::from(spec.total_gpus().0)
+}
+
+/// May `spec` burst at all (asked for, its class allows it, its team has a
+/// provider)? Else `maybe_burst` only explains why not.
+fn could_burst(state: &State, spec: &WorkloadSpec, team: u32, class_allows: bool) -> bool {
+    spec.burst_allowed && class_allows && !state.cat.teams[team as usize].burst_providers.is_empty()
 }
 
 /// Whether a cycle that skips what cannot run should still look further
