@@ -263,18 +263,22 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
 /// Is a preemption by priority worth what it costs? The work its victims
 /// lose (milli-GPU·ms since their last checkpoint) must be at most what the
 /// request would otherwise spend waiting (its GPUs × the wait its start
-/// estimate gives). Always, when the request reclaims a guarantee
-/// (`wait_ms` is `None`) or no estimate bounds its wait.
+/// estimate gives, asked of `wait` only when victims lose work). Always,
+/// when no estimate bounds its wait. (A reclaim of a guarantee is not
+/// priced: it is owed.)
 fn worth_it(
     plan: &preemption::VictimPlan,
     spec: &WorkloadSpec,
-    wait_ms: Option<Option<u64>>,
+    wait: &dyn Fn() -> Option<u64>,
 ) -> bool {
-    let Some(Some(wait)) = wait_ms else {
-        return true;
-    };
     let lost: u128 = plan.victims.iter().map(|v| v.lost).sum();
-    lost <= u128::from(wait) * u128::from(spec.total_gpus().0)
+    if lost == 0 {
+        return true;
+    }
+    match wait() {
+        Some(w) => lost <= u128::from(w) * u128::from(spec.total_gpus().0),
+        None => true,
+    }
 }
 
 /// May `spec` burst at all (asked for, its class allows it, its team has a
@@ -396,11 +400,13 @@ impl<'s> Work<'s> {
             self.usage[team as usize][c.slot as usize] + spec.total_gpus()
                 <= state.cat.teams[team as usize].slots[c.slot as usize].1
         });
-        let wait_ms = (!reclaims).then(|| self.wait_without_preempting(spec, &choices));
-        let tolerable = class_info.tolerable_wait_ms > 0
-            && wait_ms
-                .flatten()
-                .is_some_and(|w| w <= class_info.tolerable_wait_ms);
+        // The wait is estimated only when a rule needs it (the estimate
+        // builds what running work frees when, once per cycle).
+        let wait_ms = std::cell::OnceCell::new();
+        let wait = || *wait_ms.get_or_init(|| self.wait_without_preempting(spec, &choices));
+        let tolerable = !reclaims
+            && class_info.tolerable_wait_ms > 0
+            && wait().is_some_and(|w| w <= class_info.tolerable_wait_ms);
         if !class_info.idle_only && !tolerable {
             if *searches_left == 0 {
                 reason = Some(PendingReason::PreemptionDeferred);
@@ -408,7 +414,7 @@ impl<'s> Work<'s> {
                 *searches_left -= 1;
                 let plan = self
                     .find_victims(spec, team, class, &choices)
-                    .filter(|plan| worth_it(plan, spec, wait_ms));
+                    .filter(|plan| reclaims || worth_it(plan, spec, &wait));
                 if let Some(plan) = plan {
                     // Victims hold their GPUs until they stop (grace period);
                     // only this workload waits for them, so after it is
