@@ -508,6 +508,36 @@ mod tests {
         assert_eq!(cycle(&s, 100_000, &opts).preemptions.len(), 1);
     }
 
+    /// `tolerableWaitSeconds`: a training request that its estimate says
+    /// will fit in 500 s (the development work in the way has a 600 s max
+    /// runtime and ran 100 s) does not preempt it when training tolerates
+    /// an hour; with no tolerance it does. Victims that would lose more
+    /// GPU-hours than the wait costs are not taken either.
+    #[test]
+    fn a_request_that_fits_soon_enough_does_not_preempt() {
+        let with = |tolerable_s: u64, request_gpus: f64, now_s: u64| {
+            let mut p = (*policy(&[("a", &[("H100", 0.0, 4.0)])], BorrowedOnly)).clone();
+            p.priority_classes
+                .get_mut("training")
+                .unwrap()
+                .tolerable_wait_s = tolerable_s;
+            let mut s = State::new(Arc::new(p), &inventory(&[("H100", 1)]));
+            let mut dev = req(1, "a", "development", 1.0);
+            dev.max_runtime_s = Some(600);
+            crate::testkit::run(&mut s, dev, 0, &[0], 0);
+            s.submit(req(2, "a", "training", request_gpus)).unwrap();
+            cycle(&s, now_s * 1000, &CycleOptions::default())
+                .preemptions
+                .len()
+        };
+        assert_eq!(with(3600, 1.0, 100), 0);
+        // It lost 100 GPU-s; waiting 500 s would cost the request 500.
+        assert_eq!(with(0, 1.0, 100), 1);
+        // At 400 s it would lose 400 GPU-s; a quarter GPU waiting 200 s
+        // costs 50: not worth it.
+        assert_eq!(with(0, 0.25, 400), 0);
+    }
+
     #[test]
     fn higher_priority_is_served_first_and_every_wait_has_a_reason() {
         let p = policy(&[("a", &[("H100", 1.0, 4.0)])], BorrowedOnly);
