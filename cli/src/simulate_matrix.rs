@@ -53,29 +53,12 @@ pub fn run(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Every cell, on as many threads as there are cores; results in cell order.
+/// Every cell, on as many threads as there are cores.
 fn run_all(policy: &Policy, specs: &[CellSpec]) -> Vec<Cell> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, MAX_PARALLEL_CELLS);
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut out: Vec<Option<Cell>> = vec![None; specs.len()];
-    let results = std::sync::Mutex::new(&mut out);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(spec) = specs.get(i) else { break };
-                    let cell = matrix::run_cell(policy, spec);
-                    if let Ok(mut r) = results.lock() {
-                        r[i] = Some(cell);
-                    }
-                }
-            });
-        }
-    });
-    out.into_iter().flatten().collect()
+    matrix::run_cells(policy, specs, threads)
 }
 
 fn print_table(cells: &[Cell], color: bool) {

@@ -69,11 +69,6 @@ pub struct RunningWorkload {
     pub(crate) slot: u16,
     /// (global gpu index, milli) for every shard.
     pub(crate) gpus: Vec<(u32, GpuFree)>,
-    /// Copied from the spec for the victim search, which ranks every
-    /// candidate by them: total milli-GPUs and the checkpoint interval in
-    /// ms (0: none).
-    pub(crate) total_milli: u64,
-    pub(crate) checkpoint_ms: u64,
 }
 
 /// One running workload as the victim search sees it (see
@@ -90,29 +85,14 @@ pub(crate) struct VictimFacts {
 }
 
 impl VictimFacts {
-    /// Work it loses if preempted at `now_ms` (milli-GPU·ms).
-    pub(crate) fn lost_now(&self, now_ms: u64) -> u128 {
-        let ran_ms = now_ms.saturating_sub(self.start_time_ms);
-        let lost_ms = if self.checkpoint_ms > 0 {
-            ran_ms % self.checkpoint_ms
-        } else {
-            ran_ms
-        };
-        u128::from(lost_ms) * u128::from(self.total_milli)
-    }
-}
-
-impl RunningWorkload {
     /// Work it loses if preempted at `now_ms` (milli-GPU·ms), as
     /// `WorkloadSpec::lost_work_milli_ms` computes it.
     pub(crate) fn lost_now(&self, now_ms: u64) -> u128 {
-        let ran_ms = now_ms.saturating_sub(self.start_time_ms);
-        let lost_ms = if self.checkpoint_ms > 0 {
-            ran_ms % self.checkpoint_ms
-        } else {
-            ran_ms
-        };
-        u128::from(lost_ms) * u128::from(self.total_milli)
+        crate::types::lost_work(
+            now_ms.saturating_sub(self.start_time_ms),
+            self.checkpoint_ms,
+            self.total_milli,
+        )
     }
 }
 
@@ -508,20 +488,12 @@ impl State {
             class,
             start_time_ms,
             total_milli: spec.total_gpus().0,
-            checkpoint_ms: spec
-                .checkpoint_interval_s
-                .filter(|&i| i > 0)
-                .map_or(0, |i| i.saturating_mul(1000)),
+            checkpoint_ms: spec.checkpoint_ms(),
             only_node,
         });
         self.running.insert(
             spec.id,
             RunningWorkload {
-                total_milli: spec.total_gpus().0,
-                checkpoint_ms: spec
-                    .checkpoint_interval_s
-                    .filter(|&i| i > 0)
-                    .map_or(0, |i| i.saturating_mul(1000)),
                 spec,
                 allocation,
                 start_time_ms,

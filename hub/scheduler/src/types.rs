@@ -59,13 +59,31 @@ impl WorkloadSpec {
     /// for a run that started at `start_ms`: everything since the start
     /// without checkpoints, else what was done since the last checkpoint.
     pub fn lost_work_milli_ms(&self, start_ms: u64, now_ms: u64) -> u128 {
-        let ran_ms = now_ms.saturating_sub(start_ms);
-        let lost_ms = match self.checkpoint_interval_s {
-            Some(interval_s) if interval_s > 0 => ran_ms % (interval_s.saturating_mul(1000)),
-            _ => ran_ms,
-        };
-        u128::from(lost_ms) * u128::from(self.total_gpus().0)
+        lost_work(
+            now_ms.saturating_sub(start_ms),
+            self.checkpoint_ms(),
+            self.total_gpus().0,
+        )
     }
+
+    /// The checkpoint interval in ms; 0 without checkpoints.
+    pub(crate) fn checkpoint_ms(&self) -> u64 {
+        self.checkpoint_interval_s
+            .filter(|&i| i > 0)
+            .map_or(0, |i| i.saturating_mul(1000))
+    }
+}
+
+/// Milli-GPU·ms lost by a run of `milli` GPUs that ran `ran_ms`: all of it
+/// without checkpoints (`checkpoint_ms` 0), else what it did since its
+/// last one.
+pub(crate) fn lost_work(ran_ms: u64, checkpoint_ms: u64, milli: u64) -> u128 {
+    let lost_ms = if checkpoint_ms > 0 {
+        ran_ms % checkpoint_ms
+    } else {
+        ran_ms
+    };
+    u128::from(lost_ms) * u128::from(milli)
 }
 
 /// Live (or declared) GPU inventory of every cluster.

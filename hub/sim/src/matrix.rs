@@ -227,6 +227,33 @@ pub fn run_cell(policy: &Policy, cell: &CellSpec) -> Cell {
     }
 }
 
+/// Runs every cell on `threads` threads (at least one), each taking the
+/// next cell left; results in cell order. A panic in a cell is raised here.
+pub fn run_cells(policy: &Policy, specs: &[CellSpec], threads: usize) -> Vec<Cell> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, Cell)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(spec) = specs.get(i) else { break };
+                        mine.push((i, run_cell(policy, spec)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    done.sort_unstable_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, c)| c).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -232,28 +232,6 @@ impl TextbookFleet {
             }
         }
     }
-
-    /// Could the job ever run on this fleet (empty)?
-    fn ever_fits(&self, job: &SimJob) -> bool {
-        let mut empty = TextbookFleet {
-            nodes: Vec::new(),
-            clusters: self.clusters.clone(),
-            running: BTreeMap::new(),
-            allocated: 0,
-            capacity: 0,
-        };
-        empty.nodes = self
-            .nodes
-            .iter()
-            .map(|n| Node {
-                cluster: n.cluster,
-                local: n.local,
-                model: n.model.clone(),
-                free: vec![MILLI_PER_GPU; n.free.len()],
-            })
-            .collect();
-        empty.place(job).is_some()
-    }
 }
 
 impl Fleet for TextbookFleet {
@@ -319,6 +297,8 @@ pub(crate) fn replay(
     progress: &mut dyn FnMut(crate::Progress),
 ) -> SimReport {
     let mut fleet = TextbookFleet::new(inventory);
+    // The same fleet kept empty: whether a job could ever run on it.
+    let empty = TextbookFleet::new(inventory);
     let mode = match discipline {
         Discipline::FirstFit => Mode::FirstFit,
         Discipline::Fifo => Mode::Fifo,
@@ -369,7 +349,7 @@ pub(crate) fn replay(
         let arrived = next < jobs.len() && jobs[next].submit_time_s == t;
         if arrived {
             let j = &jobs[next];
-            if fleet.ever_fits(j) {
+            if empty.place(j).is_some() {
                 queue.push_back(next);
                 waiting_demand += j.total_gpus().0;
                 book.pend(next, j.submit_time_s * 1000);

@@ -164,23 +164,8 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                 // Nothing is free and this group cannot make room: nothing
                 // else in this group can be placed this cycle — on-prem is
                 // full, which is when a burst is wanted.
-                // Only without explanations (the simulator's fast path): no
-                // pending reason is kept here to carry why it does not burst,
-                // so only a workload that may burst is judged (judging costs
-                // a pass over its team's running work).
-                if could_burst(state, spec, team, class_info.burst_allowed) {
-                    let reason = w.unexplained_burst_reason(spec, team, class);
-                    let _no_reason_to_note = maybe_burst(
-                        state,
-                        opts,
-                        spec,
-                        team,
-                        class_info.burst_allowed,
-                        &reason,
-                        now_ms,
-                        &mut out,
-                    );
-                }
+                // Only without explanations (the simulator's fast path).
+                w.unexplained_burst_wish(state, opts, spec, team, class, now_ms, &mut out);
                 // The rest of the team's queue may want a burst too (each
                 // waited past the threshold on its own clock).
                 if more_burst_wishes(state, class_info.burst_allowed, team, &out)
@@ -225,20 +210,8 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                     if let PendingReason::NoFreeCapacity { burst, .. } = &mut reason {
                         *burst = no_burst;
                     }
-                } else if could_burst(state, spec, team, class_info.burst_allowed) {
-                    // Not explained: judged on its team's rules alone, and
-                    // only when it may burst at all (nothing to note).
-                    let judged = w.unexplained_burst_reason(spec, team, class);
-                    let _ = maybe_burst(
-                        state,
-                        opts,
-                        spec,
-                        team,
-                        class_info.burst_allowed,
-                        &judged,
-                        now_ms,
-                        &mut out,
-                    );
+                } else {
+                    w.unexplained_burst_wish(state, opts, spec, team, class, now_ms, &mut out);
                 }
                 if opts.explain || reason != PendingReason::NotEvaluated {
                     out.pending.push((id, reason));
@@ -279,12 +252,6 @@ fn worth_it(
         Some(w) => lost <= u128::from(w) * u128::from(spec.total_gpus().0),
         None => true,
     }
-}
-
-/// May `spec` burst at all (asked for, its class allows it, its team has a
-/// provider)? Else `maybe_burst` only explains why not.
-fn could_burst(state: &State, spec: &WorkloadSpec, team: u32, class_allows: bool) -> bool {
-    spec.burst_allowed && class_allows && !state.cat.teams[team as usize].burst_providers.is_empty()
 }
 
 /// Whether a cycle that skips what cannot run should still look further
@@ -331,6 +298,34 @@ impl<'s> Work<'s> {
         self.fluid_start(&models, spec.total_gpus().0, &none_ahead)
             .map(|(at, _)| at.saturating_sub(self.now_ms))
             .filter(|&w| w > 0)
+    }
+
+    /// The burst wish of a workload this cycle does not explain: judged on
+    /// its team's rules alone (a limit or guarantee rule that holds it back
+    /// means no wish), and only when it may burst at all — asked for, its
+    /// class allows it, its team has a provider — since judging walks its
+    /// team's running work. No pending reason carries why it does not
+    /// burst, so that note is not kept.
+    #[allow(clippy::too_many_arguments)]
+    fn unexplained_burst_wish(
+        &self,
+        state: &State,
+        opts: &CycleOptions,
+        spec: &WorkloadSpec,
+        team: u32,
+        class: u16,
+        now_ms: u64,
+        out: &mut Decisions,
+    ) {
+        let class_allows = state.cat.classes[class as usize].burst_allowed;
+        if !spec.burst_allowed
+            || !class_allows
+            || state.cat.teams[team as usize].burst_providers.is_empty()
+        {
+            return;
+        }
+        let judged = self.unexplained_burst_reason(spec, team, class);
+        let _why_not = maybe_burst(state, opts, spec, team, class_allows, &judged, now_ms, out);
     }
 
     /// Schedules one workload: place directly, else preempt, else explain.

@@ -257,15 +257,11 @@ impl<'s> Work<'s> {
             .filter(|&(_, &r)| r >= k)
             .min_by_key(|&(&d, &r)| (r, d))
             .map(|(&d, _)| d);
-        // Domain rank: the chosen domain first, then by room, most first.
-        let rank = |d: u32| match holds_alone {
-            Some(h) if h == d => (0, 0, d),
-            _ => (1, Reverse(room.get(&d).copied().unwrap_or(0)).0, d),
-        };
+        // The domain that holds it alone first, then by room, most first.
         let mut whole_nodes: Vec<(usize, u32)> = blocks.iter().copied().filter(whole).collect();
         whole_nodes.sort_unstable_by_key(|&(_, n)| {
-            let (a, r, d) = rank(node(n).domain);
-            (a, Reverse(r), d, n)
+            let d = node(n).domain;
+            (holds_alone != Some(d), Reverse(room[&d]), d, n)
         });
         let mut left = k;
         let mut chosen = Vec::new();
@@ -464,45 +460,34 @@ mod tests {
     /// which sit in two racks; a gang's replicas follow its first one.
     #[test]
     fn replicas_prefer_one_topology_domain() {
-        let policy = || {
-            with_placement(
+        // Four 8-GPU nodes, in racks a, b, a, b when `racks`; two GPUs of
+        // node `busy` in use; the nodes `spec`'s plan takes.
+        let layout = |racks: bool, busy: u32, spec: &WorkloadSpec| {
+            let mut inv = inventory(&[("H100", 8); 4]);
+            if racks {
+                for (n, rack) in inv.clusters[0].nodes.iter_mut().zip(["a", "b", "a", "b"]) {
+                    n.topology = Some(format!("rack-{rack}"));
+                }
+            }
+            let p = with_placement(
                 policy(&[("a", &[("H100", 0.0, 32.0)])], BorrowedOnly),
                 "training",
                 GangPlacement::WholeNodes,
-            )
+            );
+            let mut s = State::new(p, &inv);
+            run(&mut s, req(100, "a", "training", 2.0), busy, &[0, 1], 0);
+            let w = Work::new(&s, true, 0);
+            nodes_of(&s, &w.find(spec, 0, None).unwrap())
         };
-        let p = policy();
-        let mut inv = inventory(&[("H100", 8); 4]);
-        for (n, rack) in inv.clusters[0].nodes.iter_mut().zip(["a", "b", "a", "b"]) {
-            n.topology = Some(format!("rack-{rack}"));
-        }
-        let mut s = State::new(p, &inv);
-        run(&mut s, req(100, "a", "training", 2.0), 2, &[0, 1], 0);
-        let w = Work::new(&s, true, 0);
         let mut big = req(1, "a", "training", 16.0);
         big.allow_spread = true;
-        assert_eq!(nodes_of(&s, &w.find(&big, 0, None).unwrap()), vec![1, 3]);
+        assert_eq!(layout(true, 2, &big), vec![1, 3]);
         // Without domains: the lowest-numbered whole nodes.
-        inv.clusters[0]
-            .nodes
-            .iter_mut()
-            .for_each(|n| n.topology = None);
-        let p = policy();
-        let mut s = State::new(p, &inv);
-        run(&mut s, req(100, "a", "training", 2.0), 2, &[0, 1], 0);
-        let w = Work::new(&s, true, 0);
-        assert_eq!(nodes_of(&s, &w.find(&big, 0, None).unwrap()), vec![0, 1]);
+        assert_eq!(layout(false, 2, &big), vec![0, 1]);
         // A gang of two 6-GPU replicas: the second beside the first's rack.
-        let p = policy();
-        for (n, rack) in inv.clusters[0].nodes.iter_mut().zip(["a", "b", "a", "b"]) {
-            n.topology = Some(format!("rack-{rack}"));
-        }
-        let mut s = State::new(p, &inv);
-        run(&mut s, req(100, "a", "training", 2.0), 0, &[0, 1], 0);
-        let w = Work::new(&s, true, 0);
         let mut gang = req(2, "a", "training", 6.0);
         gang.replicas = 2;
-        assert_eq!(nodes_of(&s, &w.find(&gang, 0, None).unwrap()), vec![0, 2]);
+        assert_eq!(layout(true, 0, &gang), vec![0, 2]);
     }
 
     #[test]

@@ -192,7 +192,7 @@ impl<'s> Work<'s> {
             r.team != team && !self.is_borrower(r.team, r.slot, r.spec.total_gpus()),
             !self.is_borrower(r.team, r.slot, Milli::ZERO),
             self.s.cat.classes[r.class as usize].value,
-            r.lost_now(self.now_ms),
+            r.spec.lost_work_milli_ms(r.start_time_ms, self.now_ms),
             Reverse(r.start_time_ms),
             Reverse(r.spec.id),
         )
