@@ -21,6 +21,7 @@ mod layout;
 mod logs_cmd;
 mod policy_cmd;
 mod simulate_cmd;
+mod simulate_fill;
 mod simulate_matrix;
 mod table;
 mod workload_cmd;

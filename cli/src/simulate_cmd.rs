@@ -58,6 +58,15 @@ pub struct SimulateArgs {
     /// quarter of the capacities).
     #[arg(long, value_enum, default_value = "full")]
     matrix_size: MatrixSizeArg,
+    /// Run the fill-until-full experiment instead (FGD, ATC'23): pods drawn
+    /// from the trace arrive until the fleet is asked for all its GPUs,
+    /// nothing finishes; prints the share of GPUs Axle, first-fit,
+    /// best-fit and FGD leave unallocated when the first pod fails.
+    #[arg(long, conflicts_with_all = ["baseline", "matrix"])]
+    fill: bool,
+    /// Seeds of the fill experiment (one sequence of arrivals each).
+    #[arg(long, default_value_t = 10, requires = "fill")]
+    seeds: u64,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -180,6 +189,15 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     if capacity == Milli::ZERO {
         bail!(
             "no capacity to simulate: the policy declares no Cluster nodes; pass --capacity N or --nodes FILE"
+        );
+    }
+    if args.fill {
+        return crate::simulate_fill::run(
+            &policy,
+            &inventory,
+            &jobs,
+            args.seeds,
+            args.output == Output::Json,
         );
     }
     let (policy, notes) = sim::complete_policy(&policy, &jobs, capacity);

@@ -47,6 +47,7 @@ fn dev_spokes(grpc_url: &str, data_dir: &std::path::Path, policy: &Policy) -> Ve
             .map(|index| GpuSpec::whole(index, model, 80 * 1024))
             .collect(),
         whole_only: false,
+        topology: String::new(),
     };
     let region = |c: &str, default: &str| {
         policy

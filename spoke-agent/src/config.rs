@@ -46,6 +46,9 @@ pub struct NodeSpec {
     pub gpus: Vec<GpuSpec>,
     /// Whole GPUs are never split between workloads (Kubernetes).
     pub whole_only: bool,
+    /// The node's topology domain (a rack, an NVLink block); empty when
+    /// unknown.
+    pub topology: String,
 }
 
 /// Everything [`crate::run`] needs to know about the cluster it serves.
@@ -102,6 +105,9 @@ pub struct KubernetesConfig {
     pub member_subject: String,
     /// Taints the workload pods tolerate (and that do not exclude a node).
     pub tolerated_taints: Vec<String>,
+    /// Node labels that name a node's topology domain, the first present
+    /// wins.
+    pub topology_labels: Vec<String>,
 }
 
 impl Default for KubernetesConfig {
@@ -113,6 +119,7 @@ impl Default for KubernetesConfig {
             namespace_prefix: "axle-".into(),
             member_subject: "{user}".into(),
             tolerated_taints: vec!["nvidia.com/gpu".into()],
+            topology_labels: vec![crate::driver::kubernetes::nodes::LABEL_CLIQUE.into()],
         }
     }
 }
@@ -137,6 +144,7 @@ impl From<&NodeSpec> for pb::Node {
             name: node.name.clone(),
             gpus: node.gpus.iter().map(pb::Gpu::from).collect(),
             whole_only: node.whole_only,
+            topology: node.topology.clone(),
         }
     }
 }

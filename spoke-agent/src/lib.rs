@@ -208,6 +208,7 @@ pub async fn run_with(
                 inventory: driver::kubernetes::nodes::InventoryOptions {
                     shared_resource: k.shared_resource.clone(),
                     tolerated_taints: k.tolerated_taints.clone(),
+                    topology_labels: k.topology_labels.clone(),
                 },
                 member_subject: k.member_subject.clone(),
                 data_dir: config.data_dir.clone(),

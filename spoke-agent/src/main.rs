@@ -48,6 +48,14 @@ struct Args {
     /// nvidia-smi, the host name).
     #[arg(long = "node", value_name = "NAME")]
     nodes: Vec<String>,
+    /// local: the topology domain of this spoke's nodes (a rack, an
+    /// NVLink block); a gang's replicas prefer nodes of one domain.
+    #[arg(long, value_name = "DOMAIN")]
+    topology: Option<String>,
+    /// kubernetes: a node label naming the node's topology domain
+    /// (repeatable, the first a node has wins; default nvidia.com/gpu.clique).
+    #[arg(long = "topology-label", value_name = "KEY")]
+    topology_labels: Vec<String>,
     /// Where logs and working directories go (default: a directory under the
     /// system temp dir named after the cluster).
     #[arg(long, value_name = "DIR")]
@@ -157,16 +165,24 @@ async fn shutdown_signal() {
 fn real_main(args: Args) -> anyhow::Result<()> {
     let (nodes, driver) = match args.driver {
         DriverKind::Local => {
-            let nodes = discover_gpus(&args.gpus, &args.nodes)
+            if !args.topology_labels.is_empty() {
+                anyhow::bail!(
+                    "--topology-label names a Kubernetes node label; the local driver takes --topology DOMAIN"
+                );
+            }
+            let mut nodes = discover_gpus(&args.gpus, &args.nodes)
                 .context("cannot determine the GPU inventory")?;
+            for n in &mut nodes {
+                n.topology = args.topology.clone().unwrap_or_default();
+            }
             let gpus: usize = nodes.iter().map(|n| n.gpus.len()).sum();
             tracing::info!(nodes = nodes.len(), gpus, "inventory");
             (nodes, DriverConfig::Local)
         }
         DriverKind::Kubernetes => {
-            if !args.gpus.is_empty() || !args.nodes.is_empty() {
+            if !args.gpus.is_empty() || !args.nodes.is_empty() || args.topology.is_some() {
                 anyhow::bail!(
-                    "--gpus and --node declare the local driver's GPUs; the kubernetes driver reads them from the cluster's Nodes"
+                    "--gpus, --node and --topology declare the local driver's nodes; the kubernetes driver reads them from the cluster's Nodes (--topology-label)"
                 );
             }
             let tolerated_taints = if args.tolerate_taints.is_empty() {
@@ -183,6 +199,11 @@ fn real_main(args: Args) -> anyhow::Result<()> {
                     namespace_prefix: args.namespace_prefix.clone(),
                     member_subject: args.member_subject.clone(),
                     tolerated_taints,
+                    topology_labels: if args.topology_labels.is_empty() {
+                        KubernetesConfig::default().topology_labels
+                    } else {
+                        args.topology_labels.clone()
+                    },
                 }),
             )
         }

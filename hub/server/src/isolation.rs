@@ -79,6 +79,7 @@ mod tests {
             name: "n".into(),
             gpus: vec![GpuRecord::whole(0, "A100", 0, false)],
             whole_only: false,
+            topology: String::new(),
         }];
         let teams = teams_for(&policy, &a100);
         let vision = teams.iter().find(|t| t.name == "vision").expect("vision");

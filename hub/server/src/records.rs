@@ -353,6 +353,9 @@ pub struct NodeRecord {
     /// Whole GPUs are never split between workloads (Kubernetes).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub whole_only: bool,
+    /// The topology domain the spoke reported (a rack, an NVLink block).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub topology: String,
 }
 
 /// The last inventory a spoke registered, so a restarted hub knows the

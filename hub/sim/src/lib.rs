@@ -6,6 +6,7 @@
 //! reports back; nothing here reads files, clocks or randomness.
 
 mod baseline;
+pub mod fill;
 mod guarantee;
 pub mod matrix;
 mod replay;

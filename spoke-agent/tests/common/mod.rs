@@ -345,6 +345,7 @@ pub fn nodes() -> Vec<NodeSpec> {
             .map(|index| GpuSpec::whole(index, "H100", 81559))
             .collect(),
         whole_only: false,
+        topology: String::new(),
     }]
 }
 

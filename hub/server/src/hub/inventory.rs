@@ -32,8 +32,9 @@ pub const MAX_NODES_PER_CLUSTER: usize = axle_policy::MAX_NODES_PER_CLUSTER as u
 /// Longest node name: a Kubernetes node name (a DNS subdomain) is at most 253.
 pub const MAX_NODE_NAME_BYTES: usize = 253;
 
-/// Longest GPU model or unit name (`H100`, `mig-3g.40gb`): with node names,
-/// what bounds one node's record.
+/// Longest GPU model or unit name (`H100`, `mig-3g.40gb`) or topology
+/// domain (a Kubernetes label value is at most 63): with node names, what
+/// bounds one node's record.
 pub const MAX_DEVICE_NAME_BYTES: usize = 64;
 
 /// The region of a cluster that no Cluster document declares and whose
@@ -197,6 +198,19 @@ pub fn check(policy: &Policy, r: &pb::Register) -> Result<Checked, HubError> {
                 &format!("{field}.gpus"),
             ));
         }
+        if n.topology.len() > MAX_DEVICE_NAME_BYTES
+            || axle_policy::text::hidden_char(&n.topology).is_some()
+        {
+            return Err(refused(
+                format!(
+                    "node {:?} reports a topology domain ({:?}) longer than \
+                     {MAX_DEVICE_NAME_BYTES} bytes or with characters that are not shown",
+                    n.name,
+                    axle_policy::text::printable(&n.topology)
+                ),
+                &format!("{field}.topology"),
+            ));
+        }
         if let Some(g) = n.gpus.iter().find(|g| g.model.is_empty()) {
             return Err(refused(
                 format!("GPU {} of node {:?} has no model", g.index, n.name),
@@ -256,6 +270,7 @@ pub fn check(policy: &Policy, r: &pb::Register) -> Result<Checked, HubError> {
                 })
                 .collect(),
             whole_only: n.whole_only,
+            topology: n.topology.clone(),
         };
         if shaped.is_none() {
             check_bounds(&bounds, &r.cluster, &node, &field)?;
@@ -630,6 +645,22 @@ spec:
         assert!(refusal_in(&tight, &register("open", "", nodes(3, 1))).contains("limit of 2"));
         assert!(refusal_in(&tight, &register("open", "", nodes(1, 5))).contains("(4)"));
         assert!(refusal_in(&tight, &register("open", "", nodes(1, 1))).contains("(40 GB)"));
+    }
+
+    #[test]
+    fn a_topology_domain_is_kept_and_bounded() {
+        let mut n = node("n0", "H100", &[0]);
+        n.topology = "rack-7".into();
+        let ok = check(&policy(), &register("open", "", vec![n.clone()])).expect("accepted");
+        assert_eq!(ok.nodes[0].topology, "rack-7");
+        for bad in [
+            "r".repeat(MAX_DEVICE_NAME_BYTES + 1),
+            "rack\u{202e}7".to_string(),
+        ] {
+            n.topology = bad;
+            let e = refusal(&register("open", "", vec![n.clone()]));
+            assert!(e.contains("topology domain"), "{e}");
+        }
     }
 
     #[test]

@@ -191,6 +191,7 @@ pub(super) fn add_declared_clusters(
                     })
                     .collect(),
                 whole_only: n.whole_only,
+                topology: n.topology.clone().unwrap_or_default(),
             })
             .collect();
         let labels = policy

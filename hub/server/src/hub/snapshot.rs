@@ -129,7 +129,7 @@ impl Inner {
                     fractions_only: gpus.iter().any(|g| g.fractions_only && g.unit.is_empty()),
                     whole_only: n.whole_only,
                     units,
-                    topology: None,
+                    topology: (!n.topology.is_empty()).then(|| n.topology.clone()),
                 }
             })
             .collect()

@@ -977,3 +977,61 @@ async fn ten_thousand_nodes_are_stored_in_pages_and_restored() {
     register_big(&mut core, 10_001, 8, T0 + 2_000).await;
     assert_eq!(core.inner.clusters["open"].nodes.len(), 3);
 }
+
+#[tokio::test]
+async fn a_spoke_reported_topology_domain_reaches_the_scheduler_and_survives_a_restart() {
+    // Observed: only a Cluster document could name a node's domain; what
+    // a spoke reported was dropped, so gangs on reported clusters never
+    // kept to one rack or NVLink block.
+    let mut core = Core::new().await;
+    let (tx, _rx) = mpsc::channel(64);
+    let (reply, _answer) = oneshot::channel();
+    let node = |name: &str, topology: &str| pb::Node {
+        name: name.into(),
+        gpus: (0..8)
+            .map(|index| pb::Gpu {
+                index,
+                model: "H100".into(),
+                memory_mb: 81_559,
+                ..Default::default()
+            })
+            .collect(),
+        topology: topology.into(),
+        ..Default::default()
+    };
+    let register = pb::Register {
+        cluster: "open".into(),
+        nodes: vec![node("a", "rack-1"), node("b", ""), node("c", "nvl-7")],
+        instance_id: "topo-spoke".into(),
+        ..Default::default()
+    };
+    core.apply(
+        Command::Register {
+            register,
+            peer: None,
+            conn: 9,
+            tx,
+            reply,
+        },
+        T0,
+    )
+    .await;
+    let domains = |inv: &axle_scheduler::Inventory| -> Vec<(String, Option<String>)> {
+        inv.clusters
+            .iter()
+            .filter(|c| c.name == "open")
+            .flat_map(|c| c.nodes.iter())
+            .map(|n| (n.name.clone(), n.topology.clone()))
+            .collect()
+    };
+    let want = vec![
+        ("a".to_string(), Some("rack-1".to_string())),
+        ("b".to_string(), None),
+        ("c".to_string(), Some("nvl-7".to_string())),
+    ];
+    assert_eq!(domains(&core.inner.inventory()), want);
+    let restored = restore::load(core.store.as_ref(), Arc::new(policy()), T0)
+        .await
+        .expect("restores");
+    assert_eq!(domains(&restored.inventory()), want);
+}

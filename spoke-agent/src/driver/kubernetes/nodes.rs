@@ -23,6 +23,9 @@ pub const LABEL_REPLICAS: &str = "nvidia.com/gpu.replicas";
 /// time-slicing 8 GPUs 16 ways is 128; far past that it is not a GPU node.
 pub const MAX_DEVICES_PER_NODE: usize = 1024;
 pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
+/// The NVLink domain (clique) the NVIDIA GPU Operator labels a node with
+/// on multi-node NVLink systems: the default topology domain.
+pub const LABEL_CLIQUE: &str = "nvidia.com/gpu.clique";
 /// Compute slices of the GPUs MIG partitions (A100, H100, H200): a profile
 /// `Ng.*` is N sevenths of the GPU.
 pub const MIG_SLICES_PER_GPU: u32 = 7;
@@ -48,6 +51,9 @@ pub struct InventoryOptions {
     /// Taints the driver's pods tolerate, so they do not exclude a node
     /// (GPU nodes are commonly tainted `nvidia.com/gpu:NoSchedule`).
     pub tolerated_taints: Vec<String>,
+    /// Labels that name the node's topology domain, the first present wins
+    /// (default [`LABEL_CLIQUE`]; a rack label is a common addition).
+    pub topology_labels: Vec<String>,
 }
 
 fn quantity_count(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> u64 {
@@ -209,6 +215,12 @@ pub fn node_facts(node: &Node, opts: &InventoryOptions) -> Option<NodeFacts> {
             gpus,
             // A pod gets whole devices: GPUs are never split in software.
             whole_only: true,
+            topology: opts
+                .topology_labels
+                .iter()
+                .find_map(|l| labels.get(l).filter(|v| !v.is_empty()))
+                .cloned()
+                .unwrap_or_default(),
         },
         name,
         mig,
@@ -219,6 +231,7 @@ pub fn node_facts(node: &Node, opts: &InventoryOptions) -> Option<NodeFacts> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use axle_proto::pb;
     use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec as K8sNodeSpec, NodeStatus, Taint};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -227,6 +240,7 @@ pub(crate) mod tests {
         InventoryOptions {
             shared_resource: "nvidia.com/gpu.shared".into(),
             tolerated_taints: vec!["nvidia.com/gpu".into()],
+            topology_labels: vec![LABEL_CLIQUE.into(), "example.com/rack".into()],
         }
     }
 
@@ -259,6 +273,29 @@ pub(crate) mod tests {
                 ..Default::default()
             }),
         }
+    }
+
+    #[test]
+    fn the_topology_domain_comes_from_the_first_label_a_node_has() {
+        let mut n = gpu_node("a", "NVIDIA-H100-80GB-HBM3", &[("nvidia.com/gpu", "8")]);
+        assert_eq!(
+            node_facts(&n, &opts()).unwrap().spec.topology,
+            "",
+            "no label"
+        );
+        let labels = n.metadata.labels.as_mut().unwrap();
+        labels.insert("example.com/rack".into(), "rack-12".into());
+        assert_eq!(node_facts(&n, &opts()).unwrap().spec.topology, "rack-12");
+        // The NVLink clique is listed first: it wins over the rack.
+        let labels = n.metadata.labels.as_mut().unwrap();
+        labels.insert(LABEL_CLIQUE.into(), "c0ffee.3".into());
+        let f = node_facts(&n, &opts()).unwrap();
+        assert_eq!(f.spec.topology, "c0ffee.3");
+        assert_eq!(
+            pb::Node::from(&f.spec).topology,
+            "c0ffee.3",
+            "reported to the hub"
+        );
     }
 
     #[test]

@@ -182,6 +182,7 @@ pub fn build_nodes(
                 name,
                 gpus,
                 whole_only: false,
+                topology: String::new(),
             });
         }
         return Ok(nodes);
@@ -206,6 +207,7 @@ pub fn build_nodes(
         name,
         gpus,
         whole_only: false,
+        topology: String::new(),
     }])
 }
 

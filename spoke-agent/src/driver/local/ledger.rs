@@ -165,6 +165,7 @@ mod tests {
                 .map(|index| GpuSpec::whole(index, "H100", 1))
                 .collect(),
             whole_only: false,
+            topology: String::new(),
         }]
     }
 
