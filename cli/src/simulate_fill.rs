@@ -39,14 +39,13 @@ pub fn run(
 
 fn print_table(rows: &[FillRow]) {
     let pct = |x: f64| format!("{:.2} %", x * 100.0);
+    // The least and most unallocated at the first failure over the seeds.
     let spread = |r: &FillRow| {
-        let at = |f: fn(&fill::FillRun) -> f64| {
-            let v: Vec<f64> = r.runs.iter().map(f).collect();
-            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            (lo, hi)
-        };
-        at(|x| x.unallocated_at_first_failure)
+        let at = r.runs.iter().map(|x| x.unallocated_at_first_failure);
+        (
+            at.clone().fold(f64::INFINITY, f64::min),
+            at.fold(f64::NEG_INFINITY, f64::max),
+        )
     };
     let header = [
         "PACKER",

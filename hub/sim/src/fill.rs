@@ -223,7 +223,6 @@ fn run_axle(
 ) -> FillRun {
     let mut p = first_fit_policy(policy, Milli(capacity));
     p.settings.fraction_granularity = Milli(1);
-    p.settings.default_priority_class = FIRST_FIT_CLASS.to_string();
     let mut state = State::new(Arc::new(p), inventory);
     let opts = CycleOptions {
         explain: false,

@@ -9,38 +9,14 @@
 //! The replays run optimized (see the workspace `[profile.dev.package]`):
 //! three traces with three schedulers each take about half a minute.
 
-use std::io::Read as _;
-use std::path::{Path, PathBuf};
+mod common;
 
 use axle_policy::Policy;
 use axle_scheduler::{Inventory, inventory};
 use axle_sim::setup::{default_class, inventory_of, jobs_of};
 use axle_sim::trace::{TraceFormat, parse_node_list, parse_trace};
 use axle_sim::{Mode, SimReport, complete_policy, simulate};
-
-fn repo(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(relative)
-}
-
-fn gunzip(name: &str) -> String {
-    let path = repo(&format!("hub/sim/testdata/traces/full/{name}"));
-    let file = std::fs::File::open(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(file)
-        .read_to_string(&mut text)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text
-}
-
-fn policy(dir: &str) -> Policy {
-    match axle_policy::load_dir(&repo(dir)) {
-        Ok(l) => l.policy,
-        Err(e) => panic!("{dir}: {e}"),
-    }
-}
+use common::{gunzip, policy};
 
 /// Replays the trace under Axle, first-fit and static allocation.
 fn compare(name: &str, trace: &str, format: TraceFormat, policy: Policy, inv: Inventory) {

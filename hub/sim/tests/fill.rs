@@ -4,33 +4,16 @@
 //! fragmentation-gradient packer (FGD) does on the same arrivals, and every
 //! packer sees the same arrivals. Figures printed for the README.
 
-use std::io::Read as _;
-use std::path::Path;
+mod common;
 
 use axle_sim::fill::{Packer, fill};
 use axle_sim::setup::{default_class, inventory_of, jobs_of};
 use axle_sim::trace::{TraceFormat, parse_node_list, parse_trace};
-
-fn gunzip(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("testdata/traces/full")
-        .join(name);
-    let file = std::fs::File::open(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(file)
-        .read_to_string(&mut text)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text
-}
+use common::gunzip;
 
 #[test]
 fn axle_packs_openb_fractions_within_ten_percent_of_fgd() {
-    let policy = axle_policy::load_dir(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples/policy"),
-    )
-    .expect("the example policy loads")
-    .policy;
+    let policy = common::policy("deploy/examples/policy");
     let nodes = parse_node_list(
         "openb_node_list_gpu_node.csv",
         &gunzip("openb_node_list_gpu_node.csv.gz"),

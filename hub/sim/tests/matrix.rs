@@ -4,30 +4,18 @@
 //! first-fit in every cell is printed (`--nocapture`), not yet asserted:
 //! it loses the most overloaded cells (issue 31 is open on it).
 
-use std::io::Read as _;
-use std::path::{Path, PathBuf};
+mod common;
 
 use axle_sim::matrix::{self, MatrixSize};
 use axle_sim::setup::{default_class, jobs_of};
 use axle_sim::trace::{TraceFormat, parse_trace};
 
-fn repo(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(relative)
-}
-
 #[test]
 fn every_cell_runs_both_schedulers_and_no_guarantee_breaks() {
-    let full = repo("hub/sim/testdata/traces/full");
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(full.join("philly.csv.gz")).unwrap())
-        .read_to_string(&mut text)
-        .unwrap();
+    let full = common::repo("hub/sim/testdata/traces/full");
+    let text = common::gunzip("philly.csv.gz");
     let trace = parse_trace("philly", &text, TraceFormat::Philly).unwrap();
-    let policy = axle_policy::load_dir(&repo("deploy/examples/policy"))
-        .unwrap()
-        .policy;
+    let policy = common::policy("deploy/examples/policy");
     let class = default_class(&policy, None).unwrap();
     let jobs = jobs_of(&trace, &policy, &class);
     let sizes = matrix::helios_vc_sizes(

@@ -892,28 +892,31 @@ async fn finished_runs_give_the_next_run_of_their_kind_an_expected_runtime() {
     );
 }
 
-/// A registration of cluster `open` (no nodes declared) with `nodes` nodes of
-/// eight H100, applied and committed.
-async fn register_big(core: &mut Core, nodes: usize, conn: u64, now: u64) {
+/// A node of eight H100.
+fn h100_node(name: String) -> pb::Node {
+    pb::Node {
+        name,
+        gpus: (0..8)
+            .map(|index| pb::Gpu {
+                index,
+                model: "H100".into(),
+                memory_mb: 81_559,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A registration of cluster `open` (no nodes declared) by spoke
+/// `instance`, applied and committed.
+async fn register_open(core: &mut Core, nodes: Vec<pb::Node>, instance: &str, conn: u64, now: u64) {
     let (tx, _rx) = mpsc::channel(64);
     let (reply, _answer) = oneshot::channel();
     let register = pb::Register {
         cluster: "open".into(),
-        nodes: (0..nodes)
-            .map(|i| pb::Node {
-                name: format!("gpu-node-{i:05}.rack-{:03}.example.internal", i / 32),
-                gpus: (0..8)
-                    .map(|index| pb::Gpu {
-                        index,
-                        model: "H100".into(),
-                        memory_mb: 81_559,
-                        ..Default::default()
-                    })
-                    .collect(),
-                ..Default::default()
-            })
-            .collect(),
-        instance_id: "big-spoke".into(),
+        nodes,
+        instance_id: instance.into(),
         ..Default::default()
     };
     core.apply(
@@ -927,6 +930,20 @@ async fn register_big(core: &mut Core, nodes: usize, conn: u64, now: u64) {
         now,
     )
     .await;
+}
+
+/// A registration of cluster `open` with `nodes` nodes of eight H100,
+/// named like a large fleet's.
+async fn register_big(core: &mut Core, nodes: usize, conn: u64, now: u64) {
+    let nodes = (0..nodes)
+        .map(|i| {
+            h100_node(format!(
+                "gpu-node-{i:05}.rack-{:03}.example.internal",
+                i / 32
+            ))
+        })
+        .collect();
+    register_open(core, nodes, "big-spoke", conn, now).await;
 }
 
 #[tokio::test]
@@ -984,38 +1001,12 @@ async fn a_spoke_reported_topology_domain_reaches_the_scheduler_and_survives_a_r
     // a spoke reported was dropped, so gangs on reported clusters never
     // kept to one rack or NVLink block.
     let mut core = Core::new().await;
-    let (tx, _rx) = mpsc::channel(64);
-    let (reply, _answer) = oneshot::channel();
     let node = |name: &str, topology: &str| pb::Node {
-        name: name.into(),
-        gpus: (0..8)
-            .map(|index| pb::Gpu {
-                index,
-                model: "H100".into(),
-                memory_mb: 81_559,
-                ..Default::default()
-            })
-            .collect(),
         topology: topology.into(),
-        ..Default::default()
+        ..h100_node(name.into())
     };
-    let register = pb::Register {
-        cluster: "open".into(),
-        nodes: vec![node("a", "rack-1"), node("b", ""), node("c", "nvl-7")],
-        instance_id: "topo-spoke".into(),
-        ..Default::default()
-    };
-    core.apply(
-        Command::Register {
-            register,
-            peer: None,
-            conn: 9,
-            tx,
-            reply,
-        },
-        T0,
-    )
-    .await;
+    let nodes = vec![node("a", "rack-1"), node("b", ""), node("c", "nvl-7")];
+    register_open(&mut core, nodes, "topo-spoke", 9, T0).await;
     let domains = |inv: &axle_scheduler::Inventory| -> Vec<(String, Option<String>)> {
         inv.clusters
             .iter()
