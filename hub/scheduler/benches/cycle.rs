@@ -192,6 +192,15 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(cycle(black_box(&state), 1_000_000, &opts)))
     });
 
+    // The simulator's cycle: no reason for what waits.
+    let quiet = CycleOptions {
+        explain: false,
+        ..CycleOptions::default()
+    };
+    g.bench_function("place_from_100k_pending_unexplained_500x16x8", |b| {
+        b.iter(|| black_box(cycle(black_box(&state), 1_000_000, &quiet)))
+    });
+
     // One victim per request: a borrower of the lowest class on every node,
     // each losing a different amount of work.
     let state = must_preempt(1);

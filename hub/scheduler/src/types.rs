@@ -2,9 +2,72 @@
 //! placements, preemptions, burst wishes and pending reasons.
 
 use std::fmt;
+use std::sync::Arc;
 
 use axle_policy::Milli;
 use serde::{Deserialize, Serialize};
+
+/// A part of a pending reason that every request of one shape and team
+/// shares within a cycle: cloning a reason for each of many thousands of
+/// waiting requests copies a pointer, not its strings (the copies were a
+/// tenth of an explained cycle). Reads, prints and serializes as `T`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Shared<T: ?Sized>(Arc<T>);
+
+impl<T: ?Sized> Clone for Shared<T> {
+    fn clone(&self) -> Self {
+        Shared(Arc::clone(&self.0))
+    }
+}
+
+impl<T: ?Sized> std::ops::Deref for Shared<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> From<T> for Shared<T> {
+    fn from(v: T) -> Self {
+        Shared(Arc::new(v))
+    }
+}
+
+impl From<String> for Shared<str> {
+    fn from(v: String) -> Self {
+        Shared(Arc::from(v))
+    }
+}
+
+impl From<&str> for Shared<str> {
+    fn from(v: &str) -> Self {
+        Shared(Arc::from(v))
+    }
+}
+
+impl<T: ?Sized + fmt::Display> fmt::Display for Shared<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<T: ?Sized + Serialize> Serialize for Shared<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Shared<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        T::deserialize(d).map(Shared::from)
+    }
+}
+
+impl<'de> Deserialize<'de> for Shared<str> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Shared::from)
+    }
+}
 
 /// Workload ids are assigned by the hub in submit order; the scheduler uses
 /// them as the last tie-breaker so ordering never depends on hashing.
@@ -382,13 +445,13 @@ pub enum PendingReason {
     },
     /// Capacity exists but is busy now.
     NoFreeCapacity {
-        need: String,
+        need: Shared<str>,
         #[serde(rename = "largest_free_gpus", with = "as_gpus")]
         largest_free: Milli,
-        largest_free_at: Option<String>,
+        largest_free_at: Option<Shared<str>>,
         idle_only: bool,
         /// The requesting team.
-        team: String,
+        team: Shared<str>,
         /// Placing it would take its team above its guarantee: it may use
         /// idle GPUs, and preempt only by priority.
         borrowing: bool,
@@ -396,7 +459,7 @@ pub enum PendingReason {
         #[serde(rename = "guaranteed_gpus", with = "as_gpus")]
         guaranteed: Milli,
         /// Who holds the GPUs it could use.
-        capacity: Option<CapacityDetail>,
+        capacity: Option<Shared<CapacityDetail>>,
         /// Its team's own running lower-priority work it may preempt.
         #[serde(rename = "own_preemptible_gpus", with = "as_gpus")]
         own_preemptible: Milli,

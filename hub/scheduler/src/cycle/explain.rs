@@ -182,14 +182,14 @@ impl<'s> Work<'s> {
             None => (None, None),
         };
         PendingReason::NoFreeCapacity {
-            need: self.need_text(spec, choices),
+            need: self.need_text(spec, choices).into(),
             largest_free,
-            largest_free_at,
+            largest_free_at: largest_free_at.map(Into::into),
             idle_only: self.s.cat.classes[class as usize].idle_only,
-            team: info.name.clone(),
+            team: info.name.as_str().into(),
             borrowing,
             guaranteed,
-            capacity,
+            capacity: capacity.map(Into::into),
             own_preemptible,
             queue_position: None,
             estimated_start_ms: estimate,
@@ -227,17 +227,18 @@ impl<'s> Work<'s> {
         // workload, what an expected end rests on).
         let mut ending: Vec<(u64, u64, Option<&str>)> = Vec::new();
         for &c in &clusters {
+            for &m in &models {
+                total += self.cluster_cap[c as usize][m as usize];
+                free += self.cluster_free[c as usize][m as usize];
+            }
+            if !self.cluster_runs[c as usize] {
+                continue;
+            }
             for &n in &self.s.clusters[c as usize].nodes {
                 let node = &self.s.nodes[n as usize];
                 if !models.contains(&node.model) {
                     continue;
                 }
-                total += (node.first_gpu..node.first_gpu + node.gpu_count)
-                    .map(|g| u64::from(self.s.gpu_cap[g as usize]))
-                    .sum::<u64>();
-                free += (node.first_gpu..node.first_gpu + node.gpu_count)
-                    .map(|g| u64::from(self.gpu_free[g as usize]))
-                    .sum::<u64>();
                 for &v in &self.s.node_running[n as usize] {
                     let r = &self.s.running[&v];
                     let on_node: u64 = r
@@ -414,8 +415,14 @@ impl<'s> Work<'s> {
     /// Counts `spec` as waiting before whatever is estimated next.
     pub(super) fn add_ahead(&self, ahead: &mut Ahead, spec: &WorkloadSpec) {
         let need = spec.total_gpus().0;
-        for m in self.models_of(spec) {
-            *ahead[m as usize].entry(need).or_default() += need;
+        let mut add = |m: usize| *ahead[m].entry(need).or_default() += need;
+        match &spec.gpu_model {
+            Some(m) => {
+                if let Some(&m) = self.s.cat.model_index.get(m) {
+                    add(m as usize);
+                }
+            }
+            None => (0..self.s.cat.models.len()).for_each(add),
         }
     }
 

@@ -3,12 +3,13 @@
 //! same constraints fails too (capacity only shrinks within a cycle).
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use axle_policy::{MILLI_PER_GPU, Milli};
 
 use super::work::Work;
 use crate::state::QueueKey;
-use crate::types::{PendingReason, WorkloadSpec};
+use crate::types::{PendingReason, WorkloadId, WorkloadSpec};
 
 /// What makes two requests of a cycle interchangeable for feasibility: if one
 /// failed, the other fails too (capacity only shrinks and usage only grows
@@ -76,29 +77,39 @@ impl ShapeKey<'_> {
 }
 
 impl<'s> Work<'s> {
-    /// Is every request shape queued under `key` dominated by a failure of this cycle?
-    pub(super) fn queue_exhausted(
+    /// The first request after `after` in queue `key` whose shape no
+    /// failure of this cycle dominates: the next one that could still be
+    /// placed. `None` when every shape left is known not to fit.
+    pub(super) fn next_unfailed(
         &self,
         key: &QueueKey,
         team: u32,
         class: u16,
+        after: (u64, WorkloadId),
         failed: &BTreeMap<ShapeKey<'_>, PendingReason>,
-    ) -> bool {
-        let Some(shapes) = self.s.queue_shapes.get(key) else {
-            return true;
-        };
-        shapes.keys().all(|shape| {
-            let k = ShapeKey {
-                team,
-                class,
-                model: shape.model.as_deref(),
-                gpus: shape.gpus,
-                replicas: shape.replicas,
-                spread: shape.spread,
-                regions: &shape.regions,
-            };
-            dominated(failed, &k)
-        })
+    ) -> Option<(u64, WorkloadId)> {
+        let shapes = self.s.queue_shapes.get(key)?;
+        shapes
+            .iter()
+            .filter(|(shape, _)| {
+                let k = ShapeKey {
+                    team,
+                    class,
+                    model: shape.model.as_deref(),
+                    gpus: shape.gpus,
+                    replicas: shape.replicas,
+                    spread: shape.spread,
+                    regions: &shape.regions,
+                };
+                !dominated(failed, &k)
+            })
+            .filter_map(|(_, of_shape)| {
+                of_shape
+                    .range((Bound::Excluded(after), Bound::Unbounded))
+                    .next()
+                    .copied()
+            })
+            .min()
     }
 }
 

@@ -13,12 +13,12 @@
 //! the way a fair-share queue does.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 
 use axle_policy::Milli;
 
-use crate::state::{GpuFree, QueueKey, State};
+use crate::state::{GpuFree, QueueKey, Queued, State};
 use crate::types::{Decisions, PendingReason, Preemption, WorkloadId, WorkloadSpec};
 
 mod burst;
@@ -80,7 +80,7 @@ impl Default for CycleOptions {
 }
 
 /// One team's queue within a priority level.
-type LevelQueue<'a> = (&'a QueueKey, &'a BTreeSet<(u64, WorkloadId)>);
+type LevelQueue<'a> = (&'a QueueKey, &'a BTreeMap<(u64, WorkloadId), Queued>);
 
 /// The estimated start of pending workload `id` at `now_ms`, and what it
 /// rests on when some work in the way has no max runtime: the estimate its
@@ -146,18 +146,33 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
             .iter()
             .map(|(k, q)| (k.2, q.iter().peekable()))
             .collect();
-        let mut order: BTreeSet<TeamKey> = BTreeSet::new();
+        // Per queue, once the cycle has seen one of its requests fail (and
+        // none of it may burst): the last request served. From there the
+        // queue is walked by shape, passing over the requests of shapes
+        // known not to fit instead of visiting each (the simulator only).
+        let mut cursor: Vec<Option<(u64, WorkloadId)>> = vec![None; iters.len()];
+        // Each queue's head, best first (a heap: a cycle pushes and pops once
+        // per request, and a tree's rebalancing cost twice as much).
+        let mut order: BinaryHeap<Reverse<TeamKey>> = BinaryHeap::with_capacity(iters.len());
         for (i, (team, it)) in iters.iter_mut().enumerate() {
-            if let Some(&&(submit, id)) = it.peek() {
-                order.insert(w.team_key(*team, &state.pending[&id].spec, submit, id, i));
+            if let Some(&(&(submit, id), q)) = it.peek() {
+                order.push(Reverse(w.queued_key(*team, q.model, submit, id, i)));
             }
         }
-        while let Some(k) = order.pop_first() {
+        while let Some(Reverse(k)) = order.pop() {
             let i = k.5;
-            let (team, it) = &mut iters[i];
-            let team = *team;
-            let Some(&(_, id)) = it.next() else { continue };
-            let spec = &state.pending[&id].spec;
+            let team = iters[i].0;
+            let at = (k.2, k.3);
+            let entry = match cursor[i] {
+                None => iters[i].1.next(),
+                Some(_) => {
+                    cursor[i] = Some(at);
+                    queues[i].1.get_key_value(&at)
+                }
+            };
+            let Some((&(_, id), Queued { spec, .. })) = entry else {
+                continue;
+            };
 
             let skip = !opts.explain && w.global_free == 0 && !w.may_preempt(team, class);
             if skip {
@@ -169,9 +184,16 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                 // The rest of the team's queue may want a burst too (each
                 // waited past the threshold on its own clock).
                 if more_burst_wishes(state, class_info.burst_allowed, team, &out)
-                    && let Some(&&(submit, next)) = iters[i].1.peek()
+                    && let Some(next) =
+                        next_head(&w, queues[i], &mut iters[i].1, cursor[i], class, &failed)
                 {
-                    order.insert(w.team_key(team, &state.pending[&next].spec, submit, next, i));
+                    order.push(Reverse(w.queued_key(
+                        team,
+                        next.1.model,
+                        next.0.0,
+                        next.0.1,
+                        i,
+                    )));
                 }
                 continue;
             }
@@ -217,20 +239,49 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                     out.pending.push((id, reason));
                 }
                 if !opts.explain
-                    && w.queue_exhausted(queues[i].0, team, class, &failed)
+                    && cursor[i].is_none()
                     && !more_burst_wishes(state, class_info.burst_allowed, team, &out)
                 {
-                    // Every shape left in this queue is known not to fit
-                    // (and none of it may burst): the rest is not looked at.
-                    continue;
+                    // What is known not to fit needs no visit: a skipped
+                    // request would get no reason and make no burst wish.
+                    cursor[i] = Some(at);
                 }
             }
-            if let Some(&&(submit, next)) = iters[i].1.peek() {
-                order.insert(w.team_key(team, &state.pending[&next].spec, submit, next, i));
+            if let Some(next) = next_head(&w, queues[i], &mut iters[i].1, cursor[i], class, &failed)
+            {
+                order.push(Reverse(w.queued_key(
+                    team,
+                    next.1.model,
+                    next.0.0,
+                    next.0.1,
+                    i,
+                )));
             }
         }
     }
     out
+}
+
+/// The request of a level's queue `q` to serve next: the next in line, or
+/// once the queue is walked by shape (`cursor`), the first after it of a
+/// shape no failure of this cycle dominates.
+fn next_head<'q>(
+    w: &Work<'_>,
+    q: LevelQueue<'q>,
+    line: &mut std::iter::Peekable<
+        std::collections::btree_map::Iter<'q, (u64, WorkloadId), Queued>,
+    >,
+    cursor: Option<(u64, WorkloadId)>,
+    class: u16,
+    failed: &BTreeMap<ShapeKey<'_>, PendingReason>,
+) -> Option<(&'q (u64, WorkloadId), &'q Queued)> {
+    match cursor {
+        None => line.peek().copied(),
+        Some(after) => {
+            let at = w.next_unfailed(q.0, q.0.2, class, after, failed)?;
+            q.1.get_key_value(&at)
+        }
+    }
 }
 
 /// Is a preemption by priority worth what it costs? The work its victims
@@ -472,7 +523,7 @@ mod tests {
     use axle_policy::CrossTeamPreemption::BorrowedOnly;
 
     use super::*;
-    use crate::testkit::{inventory, policy, req};
+    use crate::testkit::{inventory, policy, req, run};
 
     /// `minRuntimeSeconds`: a development workload that started at 0 with
     /// a minimum runtime of 600 s is not preempted by training at 100 s,
@@ -531,6 +582,35 @@ mod tests {
         // At 400 s it would lose 400 GPU-s; a quarter GPU waiting 200 s
         // costs 50: not worth it.
         assert_eq!(with(0, 0.25, 400), 0);
+    }
+
+    /// Without explanations a queue is walked by shape once a request of
+    /// it failed: requests of a shape known not to fit are passed over,
+    /// and the cycle places exactly what the explained one (which visits
+    /// every request) places.
+    #[test]
+    fn passing_over_known_failures_places_what_visiting_each_places() {
+        let p = policy(&[("a", &[("H100", 4.0, 8.0)])], BorrowedOnly);
+        let mut s = State::new(p, &inventory(&[("H100", 4)]));
+        run(&mut s, req(100, "a", "production", 2.0), 0, &[0, 1], 0);
+        for (id, gpus) in [(1, 3.0), (2, 4.0), (3, 3.0), (4, 1.0), (5, 1.0), (6, 1.0)] {
+            s.submit(req(id, "a", "training", gpus)).unwrap();
+        }
+        let placed = |explain| {
+            let opts = CycleOptions {
+                explain,
+                ..CycleOptions::default()
+            };
+            let mut ids: Vec<u64> = cycle(&s, 0, &opts)
+                .placements
+                .iter()
+                .map(|p| p.workload)
+                .collect();
+            ids.sort_unstable();
+            ids
+        };
+        assert_eq!(placed(true), [4, 5]);
+        assert_eq!(placed(false), [4, 5]);
     }
 
     #[test]

@@ -26,16 +26,21 @@ impl Ord for Share {
 pub(super) type TeamKey = (bool, Share, u64, WorkloadId, u32, usize);
 
 impl<'s> Work<'s> {
+    #[cfg(test)]
     pub(super) fn share_of(&self, team: u32, model: Option<&str>) -> f64 {
+        let model = model.and_then(|m| self.s.cat.model_index.get(m).copied());
+        self.share_of_model(team, model)
+    }
+
+    /// [`Work::share_of`] with the model as its catalog index.
+    fn share_of_model(&self, team: u32, model: Option<u16>) -> f64 {
         let info = &self.s.cat.teams[team as usize];
         let usage = &self.usage[team as usize];
         let ratio = |slot: usize| {
             let g = info.slots[slot].1.0.max(MILLI_PER_GPU);
             usage[slot].0 as f64 / g as f64
         };
-        let slot_of_model = model
-            .and_then(|m| self.s.cat.model_index.get(m))
-            .and_then(|&m| info.charge[m as usize]);
+        let slot_of_model = model.and_then(|m| info.charge[m as usize]);
         match slot_of_model {
             Some(slot) => ratio(slot as usize),
             None => (0..info.slots.len()).map(ratio).fold(0.0, f64::max),
@@ -50,7 +55,24 @@ impl<'s> Work<'s> {
         id: WorkloadId,
         i: usize,
     ) -> TeamKey {
-        let share = self.share_of(team, spec.gpu_model.as_deref());
+        let model = spec
+            .gpu_model
+            .as_ref()
+            .and_then(|m| self.s.cat.model_index.get(m).copied());
+        self.queued_key(team, model, submit, id, i)
+    }
+
+    /// [`Work::team_key`] of a queued request, from what its queue keeps
+    /// beside it (the request itself is not read).
+    pub(super) fn queued_key(
+        &self,
+        team: u32,
+        model: Option<u16>,
+        submit: u64,
+        id: WorkloadId,
+        i: usize,
+    ) -> TeamKey {
+        let share = self.share_of_model(team, model);
         let weight = self.s.cat.teams[team as usize]
             .weight
             .max(f64::MIN_POSITIVE);

@@ -32,6 +32,13 @@ pub(super) struct Work<'s> {
     pub(super) units: Vec<BTreeSet<(GpuFree, u32)>>,
     /// [cluster][model] fully free GPUs (that may take whole requests).
     pub(super) cluster_full: Vec<Vec<u32>>,
+    /// [cluster][model] free milli-GPUs and capacity of schedulable
+    /// clusters, for explanations (summing them per request walked every
+    /// GPU of the fleet).
+    pub(super) cluster_free: Vec<Vec<u64>>,
+    pub(super) cluster_cap: Vec<Vec<u64>>,
+    /// Per cluster: does any node of it run work (at cycle start)?
+    pub(super) cluster_runs: Vec<bool>,
     pub(super) global_free: u64,
     /// Per model: free milli-GPUs on schedulable nodes (`global_free` by
     /// model), for start estimates.
@@ -91,6 +98,9 @@ impl<'s> Work<'s> {
             partial: vec![BTreeSet::new(); models],
             units: vec![BTreeSet::new(); models],
             cluster_full: vec![vec![0; models]; s.clusters.len()],
+            cluster_free: vec![vec![0; models]; s.clusters.len()],
+            cluster_cap: vec![vec![0; models]; s.clusters.len()],
+            cluster_runs: vec![false; s.clusters.len()],
             global_free: 0,
             model_free: vec![0; models],
             usage: s.usage.clone(),
@@ -138,7 +148,13 @@ impl<'s> Work<'s> {
                 if sched {
                     w.global_free += u64::from(f);
                     w.model_free[n.model as usize] += u64::from(f);
+                    w.cluster_free[n.cluster as usize][n.model as usize] += u64::from(f);
+                    w.cluster_cap[n.cluster as usize][n.model as usize] +=
+                        u64::from(s.gpu_cap[g as usize]);
                 }
+            }
+            if !s.node_running[ni].is_empty() {
+                w.cluster_runs[n.cluster as usize] = true;
             }
             w.node_full[ni] = full;
             if sched {
@@ -240,6 +256,8 @@ impl<'s> Work<'s> {
         }
         self.global_free = self.global_free + u64::from(new_free) - u64::from(old);
         self.model_free[model] = self.model_free[model] + u64::from(new_free) - u64::from(old);
+        let cf = &mut self.cluster_free[n.cluster as usize][model];
+        *cf = *cf + u64::from(new_free) - u64::from(old);
         let cap = self.s.gpu_cap[g as usize];
         if self.s.gpu_fit[g as usize] > 0 {
             if old == cap {
@@ -380,9 +398,13 @@ mod tests {
         assert!(w.partial[m].contains(&(500, 1)));
         assert_eq!(w.global_free, 2500);
         assert_eq!(w.model_free[m], 2500);
+        assert_eq!(w.cluster_free[0][m], 2500);
+        assert_eq!(w.cluster_cap[0][m], 4000);
+        assert!(w.cluster_runs[0]);
         // Evicting workload 1 frees GPU 0 and its team's usage.
         w.evict(1);
         assert_eq!(w.cluster_full[0][m], 3);
+        assert_eq!(w.cluster_free[0][m], 3500);
         assert_eq!(w.usage[0][0], Milli::ZERO);
         assert!(w.preempted.contains(&1));
     }
