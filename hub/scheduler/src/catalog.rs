@@ -76,6 +76,12 @@ pub(crate) struct Catalog {
 }
 
 impl Catalog {
+    /// The index of the GPU model a request names (`None`: it names none,
+    /// or one no cluster has).
+    pub fn model_of(&self, name: Option<&str>) -> Option<u16> {
+        name.and_then(|m| self.model_index.get(m).copied())
+    }
+
     pub fn new(policy: Arc<Policy>, inventory: &Inventory) -> Catalog {
         let mut models: BTreeSet<String> = BTreeSet::new();
         for c in &inventory.clusters {

@@ -328,10 +328,7 @@ impl State {
             (spec.submit_time_ms, spec.id),
             Queued {
                 spec: Arc::clone(&spec),
-                model: spec
-                    .gpu_model
-                    .as_ref()
-                    .and_then(|m| self.cat.model_index.get(m).copied()),
+                model: self.cat.model_of(spec.gpu_model.as_deref()),
             },
         );
         self.queue_shapes

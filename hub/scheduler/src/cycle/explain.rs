@@ -415,22 +415,20 @@ impl<'s> Work<'s> {
     /// Counts `spec` as waiting before whatever is estimated next.
     pub(super) fn add_ahead(&self, ahead: &mut Ahead, spec: &WorkloadSpec) {
         let need = spec.total_gpus().0;
-        let mut add = |m: usize| *ahead[m].entry(need).or_default() += need;
-        match &spec.gpu_model {
-            Some(m) => {
-                if let Some(&m) = self.s.cat.model_index.get(m) {
-                    add(m as usize);
-                }
-            }
-            None => (0..self.s.cat.models.len()).for_each(add),
+        for m in self.models_of(spec) {
+            *ahead[m as usize].entry(need).or_default() += need;
         }
     }
 
-    /// The models a request may use, as indices.
-    pub(super) fn models_of(&self, spec: &WorkloadSpec) -> Vec<u16> {
+    /// The models a request may use, as indices (a range, so asking
+    /// allocates nothing: it is asked for every waiting request).
+    pub(super) fn models_of(&self, spec: &WorkloadSpec) -> std::ops::Range<u16> {
         match &spec.gpu_model {
-            Some(m) => self.s.cat.model_index.get(m).copied().into_iter().collect(),
-            None => (0..self.s.cat.models.len() as u16).collect(),
+            Some(name) => match self.s.cat.model_of(Some(name)) {
+                Some(m) => m..m + 1,
+                None => 0..0,
+            },
+            None => 0..self.s.cat.models.len() as u16,
         }
     }
 
@@ -455,7 +453,7 @@ impl<'s> Work<'s> {
         let Some(at) = *estimated_start_ms else {
             return;
         };
-        let models = self.models_of(spec);
+        let models: Vec<u16> = self.models_of(spec).collect();
         match self.fluid_start(&models, spec.total_gpus().0, ahead) {
             Some((fluid, basis)) => {
                 if fluid > at {

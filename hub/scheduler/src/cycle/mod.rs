@@ -154,9 +154,9 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
         // Each queue's head, best first (a heap: a cycle pushes and pops once
         // per request, and a tree's rebalancing cost twice as much).
         let mut order: BinaryHeap<Reverse<TeamKey>> = BinaryHeap::with_capacity(iters.len());
-        for (i, (team, it)) in iters.iter_mut().enumerate() {
-            if let Some(&(&(submit, id), q)) = it.peek() {
-                order.push(Reverse(w.queued_key(*team, q.model, submit, id, i)));
+        for (i, (_, line)) in iters.iter_mut().enumerate() {
+            if let Some(k) = next_key(&w, queues[i], line, None, class, &failed, i) {
+                order.push(Reverse(k));
             }
         }
         while let Some(Reverse(k)) = order.pop() {
@@ -184,16 +184,10 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                 // The rest of the team's queue may want a burst too (each
                 // waited past the threshold on its own clock).
                 if more_burst_wishes(state, class_info.burst_allowed, team, &out)
-                    && let Some(next) =
-                        next_head(&w, queues[i], &mut iters[i].1, cursor[i], class, &failed)
+                    && let Some(k) =
+                        next_key(&w, queues[i], &mut iters[i].1, cursor[i], class, &failed, i)
                 {
-                    order.push(Reverse(w.queued_key(
-                        team,
-                        next.1.model,
-                        next.0.0,
-                        next.0.1,
-                        i,
-                    )));
+                    order.push(Reverse(k));
                 }
                 continue;
             }
@@ -247,25 +241,19 @@ pub fn cycle(state: &State, now_ms: u64, opts: &CycleOptions) -> Decisions {
                     cursor[i] = Some(at);
                 }
             }
-            if let Some(next) = next_head(&w, queues[i], &mut iters[i].1, cursor[i], class, &failed)
+            if let Some(k) = next_key(&w, queues[i], &mut iters[i].1, cursor[i], class, &failed, i)
             {
-                order.push(Reverse(w.queued_key(
-                    team,
-                    next.1.model,
-                    next.0.0,
-                    next.0.1,
-                    i,
-                )));
+                order.push(Reverse(k));
             }
         }
     }
     out
 }
 
-/// The request of a level's queue `q` to serve next: the next in line, or
-/// once the queue is walked by shape (`cursor`), the first after it of a
-/// shape no failure of this cycle dominates.
-fn next_head<'q>(
+/// The place in line of the request a level's queue `q` (the `i`-th) serves
+/// next: the next in line, or once the queue is walked by shape (`cursor`),
+/// the first after it of a shape no failure of this cycle dominates.
+fn next_key<'q>(
     w: &Work<'_>,
     q: LevelQueue<'q>,
     line: &mut std::iter::Peekable<
@@ -274,14 +262,16 @@ fn next_head<'q>(
     cursor: Option<(u64, WorkloadId)>,
     class: u16,
     failed: &BTreeMap<ShapeKey<'_>, PendingReason>,
-) -> Option<(&'q (u64, WorkloadId), &'q Queued)> {
-    match cursor {
-        None => line.peek().copied(),
+    i: usize,
+) -> Option<TeamKey> {
+    let (&(submit, id), next) = match cursor {
+        None => line.peek().copied()?,
         Some(after) => {
             let at = w.next_unfailed(q.0, q.0.2, class, after, failed)?;
-            q.1.get_key_value(&at)
+            q.1.get_key_value(&at)?
         }
-    }
+    };
+    Some(w.queued_key(q.0.2, next.model, submit, id, i))
 }
 
 /// Is a preemption by priority worth what it costs? The work its victims

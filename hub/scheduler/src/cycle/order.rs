@@ -28,8 +28,7 @@ pub(super) type TeamKey = (bool, Share, u64, WorkloadId, u32, usize);
 impl<'s> Work<'s> {
     #[cfg(test)]
     pub(super) fn share_of(&self, team: u32, model: Option<&str>) -> f64 {
-        let model = model.and_then(|m| self.s.cat.model_index.get(m).copied());
-        self.share_of_model(team, model)
+        self.share_of_model(team, self.s.cat.model_of(model))
     }
 
     /// [`Work::share_of`] with the model as its catalog index.
@@ -55,10 +54,7 @@ impl<'s> Work<'s> {
         id: WorkloadId,
         i: usize,
     ) -> TeamKey {
-        let model = spec
-            .gpu_model
-            .as_ref()
-            .and_then(|m| self.s.cat.model_index.get(m).copied());
+        let model = self.s.cat.model_of(spec.gpu_model.as_deref());
         self.queued_key(team, model, submit, id, i)
     }
 
